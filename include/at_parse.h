@@ -1,0 +1,35 @@
+/*
+ * Parsing of ThrottleZone arguments and their value types. Pure functions:
+ * they return NULL on success or an error message allocated from the pool,
+ * phrased for an administrator reading a configuration error.
+ */
+#ifndef AT_PARSE_H
+#define AT_PARSE_H
+
+#include <apr_pools.h>
+
+#define AT_LIMIT_MAX 100000
+#define AT_QUEUE_MAX 100000
+#define AT_TIMEOUT_MAX_US (3600 * APR_INT64_C(1000000))
+#define AT_RETRY_AFTER_MAX 86400
+#define AT_ZONE_NAME_MAX 48
+#define AT_RETRY_AFTER_AUTO 0
+
+typedef struct {
+    apr_uint32_t limit;
+    apr_uint32_t queue;
+    apr_int64_t timeout_us;
+    apr_uint32_t retry_after; /* seconds; AT_RETRY_AFTER_AUTO = estimate */
+} at_zone_conf_t;
+
+const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
+                          apr_uint64_t max, apr_uint64_t *out);
+const char *at_parse_duration(apr_pool_t *p, const char *s,
+                              apr_int64_t *out_us);
+const char *at_parse_zone_name(apr_pool_t *p, const char *s);
+
+/* argv holds the key=value words after the zone name. */
+const char *at_parse_zone_args(apr_pool_t *p, int argc,
+                               const char *const *argv, at_zone_conf_t *out);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * A throttle zone: a cap on concurrent requests and a bounded FIFO queue,
+ * living in memory shared by every process and thread of the server.
+ *
+ * The zone is a flat structure placed by the caller in shared memory
+ * (at_zone_size() bytes); it holds no pointers, so every process may map it
+ * at a different address.
+ */
+#ifndef AT_ZONE_H
+#define AT_ZONE_H
+
+#include <apr.h>
+#include "at_parse.h"
+
+typedef struct at_zone at_zone_t;
+
+typedef enum {
+    AT_ADMITTED = 0,      /* slot taken at once */
+    AT_QUEUED,            /* slot taken after waiting */
+    AT_REJECTED_FULL,     /* queue full */
+    AT_REJECTED_TIMEOUT,  /* waited for timeout_us */
+    AT_ABORTED,           /* the abort callback said the client left */
+    AT_ERROR              /* the shared lock is unusable: caller fails open */
+} at_result_t;
+
+typedef struct {
+    apr_int32_t slot;
+    apr_uint64_t ticket;
+    apr_int64_t granted_us; /* monotonic */
+    apr_int64_t wait_us;
+} at_ticket_t;
+
+typedef struct {
+    apr_uint32_t limit, queue_cap, nslots, nwaiters;
+    apr_uint32_t active, queued;
+    apr_int64_t timeout_us;
+    apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
+    apr_uint64_t aborted, reclaimed, lock_repairs;
+    apr_uint64_t service_ewma_us;
+    apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
+} at_zone_stats_t;
+
+/* Called while a request waits; return non-zero when it should give up. */
+typedef int (*at_abort_fn)(void *ctx);
+
+/* Called for rare events (reclaims, lock repair); level as syslog. */
+typedef void (*at_log_fn)(int level, const char *msg);
+void at_set_logger(at_log_fn fn);
+
+/* Intervals, in microseconds: how often a waiter looks at its client, and
+ * how often a zone checks its owners for dead processes. */
+#define AT_WAIT_SLICE_US 50000
+#define AT_RECLAIM_INTERVAL_US 250000
+
+apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters);
+
+/* Lay out a fresh zone in mem (at least at_zone_size(nslots, nwaiters)
+ * bytes). nslots >= limit and nwaiters >= queue: the headroom lets a later
+ * definition grow in place (at_zone_reconfigure) without losing state. */
+apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
+                          const at_zone_conf_t *conf, apr_uint32_t nslots,
+                          apr_uint32_t nwaiters);
+
+/* Whether an existing zone can take conf without being laid out anew. */
+int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *conf);
+
+/* Apply a new definition in place, keeping slots, waiters and totals. */
+apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
+
+const char *at_zone_name(const at_zone_t *z);
+
+at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
+                            void *ctx);
+
+/* Returns the service time in us, or -1 if the slot had been reclaimed. */
+apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);
+
+/* Give back slots and queue places of dead processes; returns how many. */
+apr_uint32_t at_zone_reclaim(at_zone_t *z);
+
+void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
+
+/* Seconds a rejected client should wait before retrying (>= 1). */
+apr_uint32_t at_zone_retry_after(at_zone_t *z);
+
+/* Fault injection for tests: take the zone lock and never release it. */
+apr_status_t at_zone_debug_take_lock(at_zone_t *z);
+
+apr_int64_t at_now_us(void);
+
+#endif

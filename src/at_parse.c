@@ -1,0 +1,204 @@
+/*
+ * ThrottleZone argument parsing.
+ */
+#include "at_parse.h"
+
+#include <apr_lib.h>
+#include <apr_strings.h>
+#include <string.h>
+
+const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
+                          apr_uint64_t max, apr_uint64_t *out)
+{
+    apr_uint64_t v = 0;
+    const char *c;
+
+    if (!s || !*s) {
+        return "an empty value";
+    }
+    for (c = s; *c; c++) {
+        if (!apr_isdigit(*c)) {
+            return apr_psprintf(p, "'%s' is not a whole number", s);
+        }
+        if (v > (APR_UINT64_MAX - 9) / 10) {
+            return apr_psprintf(p, "'%s' is too large (at most %" APR_UINT64_T_FMT ")", s, max);
+        }
+        v = v * 10 + (apr_uint64_t)(*c - '0');
+    }
+    if (v < min || v > max) {
+        return apr_psprintf(p, "'%s' is out of range (%" APR_UINT64_T_FMT
+                            " to %" APR_UINT64_T_FMT ")", s, min, max);
+    }
+    *out = v;
+    return NULL;
+}
+
+const char *at_parse_duration(apr_pool_t *p, const char *s,
+                              apr_int64_t *out_us)
+{
+    static const struct {
+        const char *suffix;
+        apr_int64_t us;
+    } units[] = {
+        {"ms", 1000}, {"s", 1000000}, {"m", 60000000}, {"h", 3600000000LL},
+        {"", 1000000}, /* a bare number is seconds, as elsewhere in httpd */
+    };
+    const char *end = s;
+    char *digits;
+    apr_uint64_t v;
+    size_t i;
+    const char *err;
+
+    if (!s || !*s) {
+        return "an empty duration";
+    }
+    while (apr_isdigit(*end)) {
+        end++;
+    }
+    if (end == s) {
+        return apr_psprintf(p, "'%s' is not a duration (use e.g. 500ms, 4s, 1m)", s);
+    }
+    for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            break;
+        }
+    }
+    if (i == sizeof(units) / sizeof(units[0])) {
+        return apr_psprintf(p, "'%s' has an unknown unit '%s' (use ms, s, m or h)", s, end);
+    }
+    digits = apr_pstrmemdup(p, s, (apr_size_t)(end - s));
+    err = at_parse_uint(p, digits, 1, (apr_uint64_t)(AT_TIMEOUT_MAX_US / units[i].us), &v);
+    if (err) {
+        return apr_psprintf(p, "'%s' is not a duration from 1ms to 1h", s);
+    }
+    *out_us = (apr_int64_t)v * units[i].us;
+    return NULL;
+}
+
+const char *at_parse_zone_name(apr_pool_t *p, const char *s)
+{
+    const char *c;
+
+    if (!s || !*s) {
+        return "a zone name must not be empty";
+    }
+    if (strlen(s) > AT_ZONE_NAME_MAX) {
+        return apr_psprintf(p, "zone name '%s' is longer than %d characters", s,
+                            AT_ZONE_NAME_MAX);
+    }
+    for (c = s; *c; c++) {
+        if (!apr_isalnum(*c) && *c != '_' && *c != '-') {
+            return apr_psprintf(p, "zone name '%s' may only hold letters, digits, "
+                                "'_' and '-'", s);
+        }
+    }
+    if (strcasecmp(s, "off") == 0) {
+        return "'off' is reserved and cannot name a zone";
+    }
+    return NULL;
+}
+
+typedef const char *(*key_parser)(apr_pool_t *p, const char *value,
+                                  at_zone_conf_t *c);
+
+static const char *parse_limit(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err;
+
+    if (strcasecmp(v, "auto") == 0) {
+        return "'auto' is not available in this version; give a number";
+    }
+    err = at_parse_uint(p, v, 1, AT_LIMIT_MAX, &n);
+    c->limit = (apr_uint32_t)n;
+    return err;
+}
+
+static const char *parse_queue(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 0, AT_QUEUE_MAX, &n);
+
+    c->queue = (apr_uint32_t)n;
+    return err;
+}
+
+static const char *parse_timeout(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    return at_parse_duration(p, v, &c->timeout_us);
+}
+
+static const char *parse_retry_after(apr_pool_t *p, const char *v,
+                                     at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err;
+
+    if (strcasecmp(v, "auto") == 0) {
+        c->retry_after = AT_RETRY_AFTER_AUTO;
+        return NULL;
+    }
+    err = at_parse_uint(p, v, 1, AT_RETRY_AFTER_MAX, &n);
+    c->retry_after = (apr_uint32_t)n;
+    return err;
+}
+
+static const struct {
+    const char *name;
+    key_parser parse;
+} zone_keys[] = {
+    {"limit", parse_limit},
+    {"queue", parse_queue},
+    {"timeout", parse_timeout},
+    {"retry_after", parse_retry_after},
+};
+
+#define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
+
+const char *at_parse_zone_args(apr_pool_t *p, int argc,
+                               const char *const *argv, at_zone_conf_t *out)
+{
+    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO};
+    int seen[NKEYS] = {0};
+    int i;
+    size_t k;
+
+    for (i = 0; i < argc; i++) {
+        const char *eq = strchr(argv[i], '=');
+        const char *key, *err;
+
+        if (!eq || eq == argv[i]) {
+            return apr_psprintf(p, "'%s' is not of the form key=value "
+                                "(keys: limit, queue, timeout, retry_after)", argv[i]);
+        }
+        key = apr_pstrmemdup(p, argv[i], (apr_size_t)(eq - argv[i]));
+        for (k = 0; k < NKEYS; k++) {
+            if (strcmp(key, zone_keys[k].name) == 0) {
+                break;
+            }
+        }
+        if (k == NKEYS) {
+            return apr_psprintf(p, "unknown key '%s' in '%s' (keys: limit, queue, "
+                                "timeout, retry_after)", key, argv[i]);
+        }
+        if (seen[k]++) {
+            return apr_psprintf(p, "key '%s' is given twice", key);
+        }
+        if (!eq[1]) {
+            return apr_psprintf(p, "key '%s' has an empty value", key);
+        }
+        err = zone_keys[k].parse(p, eq + 1, &c);
+        if (err) {
+            return apr_psprintf(p, "key '%s' has a bad value: %s", key, err);
+        }
+    }
+    if (!seen[0]) {
+        return "the key 'limit' is required (e.g. limit=4)";
+    }
+    if (!seen[1]) {
+        apr_uint64_t q = (apr_uint64_t)c.limit * 10;
+        c.queue = (apr_uint32_t)(q > AT_QUEUE_MAX ? AT_QUEUE_MAX : q);
+    }
+    *out = c;
+    return NULL;
+}

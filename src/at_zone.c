@@ -1,0 +1,733 @@
+/*
+ * A throttle zone in shared memory: slots, a FIFO queue with direct hand-off,
+ * waiting with a deadline, reclaim of dead owners and recovery of the lock.
+ *
+ * Every record names its owner process, so what a dead process held can be
+ * found and given back. The records are the truth; counts, free lists and
+ * queue links are derived from them and rebuilt if a process dies while it
+ * holds the lock (zone_repair).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* qsort_r */
+#endif
+#include "at_zone.h"
+#include "at_owner.h"
+
+#include <apr_strings.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+#define ZONE_MAGIC 0x41545a31u /* "ATZ1" */
+#define NONE (-1)
+
+enum { W_FREE = 0, W_WAITING, W_GRANTED };
+
+typedef struct {
+    at_owner_t owner;       /* pid 0: free */
+    apr_uint64_t ticket;
+    apr_int64_t since_us;
+    apr_int32_t next_free;
+    apr_int32_t pad;
+} at_slot_t;
+
+typedef struct {
+    at_owner_t owner;
+    apr_uint64_t ticket;
+    apr_uint32_t wake;      /* futex word, bumped on every grant */
+    apr_int32_t state;
+    apr_int32_t slot;       /* slot handed over, NONE while waiting */
+    apr_int32_t prev, next; /* queue links; next also links the free list */
+    apr_int32_t pad;
+} at_waiter_t;
+
+struct at_zone {
+    apr_uint32_t magic;
+    apr_uint32_t nslots, nwaiters;
+    apr_uint32_t limit, queue_cap, retry_after;
+    apr_int64_t timeout_us;
+    char name[AT_ZONE_NAME_MAX + 1];
+    pthread_mutex_t lock;
+
+    apr_uint32_t active, queued;
+    apr_int32_t free_slot, free_waiter, qhead, qtail;
+    apr_uint64_t next_ticket;
+    apr_int64_t last_reclaim_us;
+    apr_uint64_t service_ewma_us;
+
+    apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
+    apr_uint64_t aborted, reclaimed, lock_repairs;
+
+    apr_size_t slots_off, waiters_off;
+};
+
+static at_log_fn logger;
+
+void at_set_logger(at_log_fn fn)
+{
+    logger = fn;
+}
+
+static void zlog(int level, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+
+    if (!logger) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    logger(level, buf);
+}
+
+apr_int64_t at_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (apr_int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static at_slot_t *slots(at_zone_t *z)
+{
+    return (at_slot_t *)((char *)z + z->slots_off);
+}
+
+static at_waiter_t *waiters(at_zone_t *z)
+{
+    return (at_waiter_t *)((char *)z + z->waiters_off);
+}
+
+#define ALIGN64(n) (((n) + 63) & ~(apr_size_t)63)
+
+/* A granted waiter keeps its record until it wakes, and each such record
+ * holds a slot: one spare record per slot keeps the queue's full capacity. */
+static apr_uint32_t waiter_records(apr_uint32_t nslots, apr_uint32_t nwaiters)
+{
+    return nwaiters + nslots;
+}
+
+apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters)
+{
+    return ALIGN64(sizeof(at_zone_t)) + ALIGN64(nslots * sizeof(at_slot_t))
+           + ALIGN64(waiter_records(nslots, nwaiters) * sizeof(at_waiter_t));
+}
+
+/* ---- waking one waiter ---------------------------------------------- */
+
+static void wake_word(apr_uint32_t *word)
+{
+    __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+#endif
+}
+
+static void sleep_on_word(apr_uint32_t *word, apr_uint32_t seen,
+                          apr_int64_t us)
+{
+    struct timespec ts;
+
+    if (us <= 0) {
+        return;
+    }
+#ifdef __linux__
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (long)(us % 1000000) * 1000;
+    /* Not FUTEX_PRIVATE: the word is shared between processes. */
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+    (void)word;
+    (void)seen;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (us < 1000 ? us : 1000) * 1000;
+    nanosleep(&ts, NULL);
+#endif
+}
+
+/* ---- free lists and the queue (lock held) --------------------------- */
+
+static void rebuild_free_slots(at_zone_t *z)
+{
+    at_slot_t *s = slots(z);
+    apr_int32_t i;
+
+    z->free_slot = NONE;
+    z->active = 0;
+    for (i = (apr_int32_t)z->nslots - 1; i >= 0; i--) {
+        if (s[i].owner.pid == 0) {
+            s[i].next_free = z->free_slot;
+            z->free_slot = i;
+        }
+        else {
+            z->active++;
+        }
+    }
+}
+
+static void queue_push(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = waiters(z);
+
+    w[i].prev = z->qtail;
+    w[i].next = NONE;
+    if (z->qtail != NONE) {
+        w[z->qtail].next = i;
+    }
+    else {
+        z->qhead = i;
+    }
+    z->qtail = i;
+    z->queued++;
+}
+
+static void queue_unlink(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = waiters(z);
+
+    if (w[i].prev != NONE) {
+        w[w[i].prev].next = w[i].next;
+    }
+    else {
+        z->qhead = w[i].next;
+    }
+    if (w[i].next != NONE) {
+        w[w[i].next].prev = w[i].prev;
+    }
+    else {
+        z->qtail = w[i].prev;
+    }
+    z->queued--;
+}
+
+static void waiter_free(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = &waiters(z)[i];
+
+    w->state = W_FREE;
+    w->owner.pid = 0;
+    w->slot = NONE;
+    w->next = z->free_waiter;
+    z->free_waiter = i;
+}
+
+static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
+                             apr_uint64_t ticket, apr_int64_t now)
+{
+    apr_int32_t i = z->free_slot;
+    at_slot_t *s = &slots(z)[i];
+
+    z->free_slot = s->next_free;
+    s->ticket = ticket;
+    s->since_us = now;
+    s->owner = *owner;
+    z->active++;
+    return i;
+}
+
+static void slot_put(at_zone_t *z, apr_int32_t i)
+{
+    at_slot_t *s = &slots(z)[i];
+
+    s->owner.pid = 0;
+    s->ticket = 0;
+    s->next_free = z->free_slot;
+    z->free_slot = i;
+    z->active--;
+}
+
+/* Hand free capacity to the oldest waiters, one wake-up each. The order of
+ * writes lets zone_repair finish a hand-off cut short by a dying process. */
+static void dispatch(at_zone_t *z)
+{
+    at_waiter_t *w = waiters(z);
+    apr_int64_t now = 0;
+
+    while (z->qhead != NONE && z->active < z->limit && z->free_slot != NONE) {
+        apr_int32_t i = z->qhead;
+
+        if (!now) {
+            now = at_now_us();
+        }
+        queue_unlink(z, i);
+        w[i].slot = z->free_slot;
+        slot_take(z, &w[i].owner, w[i].ticket, now);
+        w[i].state = W_GRANTED;
+        wake_word(&w[i].wake);
+    }
+}
+
+/* ---- the lock -------------------------------------------------------- */
+
+static int cmp_ticket(const void *a, const void *b, void *wv)
+{
+    const at_waiter_t *w = wv;
+    apr_uint64_t ta = w[*(const apr_int32_t *)a].ticket;
+    apr_uint64_t tb = w[*(const apr_int32_t *)b].ticket;
+
+    return ta < tb ? -1 : ta > tb;
+}
+
+/* A process died holding the lock: rebuild everything derived from the
+ * records, finishing any hand-off that had got as far as taking the slot. */
+static void zone_repair(at_zone_t *z)
+{
+    at_waiter_t *w = waiters(z);
+    at_slot_t *s = slots(z);
+    apr_int32_t *order = malloc(sizeof(*order) * (z->nwaiters + 1));
+    apr_uint32_t i, n = 0;
+
+    rebuild_free_slots(z);
+    z->free_waiter = NONE;
+    z->qhead = z->qtail = NONE;
+    z->queued = 0;
+    for (i = z->nwaiters; i-- > 0;) {
+        if (w[i].state == W_WAITING && w[i].slot != NONE) {
+            if (w[i].slot >= 0 && (apr_uint32_t)w[i].slot < z->nslots
+                && s[w[i].slot].ticket == w[i].ticket) {
+                w[i].state = W_GRANTED;
+                wake_word(&w[i].wake);
+            }
+            else {
+                w[i].slot = NONE;
+            }
+        }
+        if (w[i].state == W_WAITING) {
+            if (order) {
+                order[n++] = (apr_int32_t)i;
+            }
+            else {
+                w[i].state = W_FREE; /* no memory to order them: give up the place */
+            }
+        }
+        if (w[i].state == W_FREE) {
+            waiter_free(z, (apr_int32_t)i);
+        }
+    }
+    if (order) {
+        qsort_r(order, n, sizeof(*order), cmp_ticket, w);
+        for (i = 0; i < n; i++) {
+            queue_push(z, order[i]);
+        }
+        free(order);
+    }
+    z->lock_repairs++;
+    dispatch(z);
+}
+
+static int zone_lock(at_zone_t *z)
+{
+    int rc = pthread_mutex_lock(&z->lock);
+
+    if (rc == EOWNERDEAD) {
+        zone_repair(z);
+        pthread_mutex_consistent(&z->lock);
+        zlog(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
+             "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
+        return 0;
+    }
+    if (rc != 0) {
+        zlog(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
+    }
+    return rc;
+}
+
+static void zone_unlock(at_zone_t *z)
+{
+    pthread_mutex_unlock(&z->lock);
+}
+
+/* ---- life cycle ------------------------------------------------------- */
+
+static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
+{
+    z->limit = c->limit;
+    z->queue_cap = c->queue;
+    z->timeout_us = c->timeout_us;
+    z->retry_after = c->retry_after;
+}
+
+apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
+                          const at_zone_conf_t *c, apr_uint32_t nslots,
+                          apr_uint32_t nwaiters)
+{
+    at_zone_t *z = mem;
+    pthread_mutexattr_t attr;
+    int rc;
+
+    if (nslots < c->limit || nwaiters < c->queue
+        || size < at_zone_size(nslots, nwaiters)) {
+        return APR_EINVAL;
+    }
+    memset(mem, 0, size);
+    z->nslots = nslots;
+    z->nwaiters = waiter_records(nslots, nwaiters);
+    z->slots_off = ALIGN64(sizeof(at_zone_t));
+    z->waiters_off = z->slots_off + ALIGN64(z->nslots * sizeof(at_slot_t));
+    apply_conf(z, c);
+    apr_cpystrn(z->name, name, sizeof(z->name));
+
+    if ((rc = pthread_mutexattr_init(&attr)) != 0
+        || (rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)) != 0
+        || (rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)) != 0
+        || (rc = pthread_mutex_init(&z->lock, &attr)) != 0) {
+        return rc;
+    }
+    pthread_mutexattr_destroy(&attr);
+
+    rebuild_free_slots(z);
+    z->free_waiter = NONE;
+    z->qhead = z->qtail = NONE;
+    for (apr_int32_t i = (apr_int32_t)z->nwaiters - 1; i >= 0; i--) {
+        waiter_free(z, i);
+    }
+    z->magic = ZONE_MAGIC;
+    at_owner_self(); /* so children forked from here refresh their identity */
+    return APR_SUCCESS;
+}
+
+int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
+{
+    return z->magic == ZONE_MAGIC && c->limit <= z->nslots
+           && waiter_records(z->nslots, c->queue) <= z->nwaiters;
+}
+
+apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
+{
+    if (!at_zone_can_hold(z, c)) {
+        return APR_EINVAL;
+    }
+    if (zone_lock(z) != 0) {
+        return APR_EGENERAL;
+    }
+    apply_conf(z, c);
+    dispatch(z); /* a raised limit frees waiters at once */
+    zone_unlock(z);
+    return APR_SUCCESS;
+}
+
+const char *at_zone_name(const at_zone_t *z)
+{
+    return z->name;
+}
+
+/* ---- reclaim ---------------------------------------------------------- */
+
+typedef struct {
+    at_owner_t *v;
+    apr_uint32_t n, cap;
+} owner_set_t;
+
+static int owner_set_has(const owner_set_t *set, const at_owner_t *o)
+{
+    for (apr_uint32_t i = 0; i < set->n; i++) {
+        if (at_owner_same(&set->v[i], o)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void owner_set_add(owner_set_t *set, const at_owner_t *o)
+{
+    if (o->pid != 0 && set->n < set->cap && !owner_set_has(set, o)) {
+        set->v[set->n++] = *o;
+    }
+}
+
+static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
+{
+    at_slot_t *s = slots(z);
+    at_waiter_t *w = waiters(z);
+    apr_uint32_t i, n = 0;
+
+    for (i = 0; i < z->nwaiters; i++) {
+        if (w[i].state == W_FREE || !owner_set_has(dead, &w[i].owner)) {
+            continue;
+        }
+        if (w[i].state == W_WAITING) {
+            queue_unlink(z, (apr_int32_t)i);
+        }
+        /* A granted place's slot has the same dead owner: freed below. */
+        waiter_free(z, (apr_int32_t)i);
+        n++;
+    }
+    for (i = 0; i < z->nslots; i++) {
+        if (s[i].owner.pid != 0 && owner_set_has(dead, &s[i].owner)) {
+            slot_put(z, (apr_int32_t)i);
+            n++;
+        }
+    }
+    z->reclaimed += n;
+    dispatch(z);
+    return n;
+}
+
+/* Liveness is read from /proc outside the lock: collect the owners under the
+ * lock, test them without it, then drop the dead ones' records. */
+apr_uint32_t at_zone_reclaim(at_zone_t *z)
+{
+    owner_set_t all, dead;
+    apr_uint32_t i, n = 0;
+
+    all.cap = dead.cap = z->nslots + z->nwaiters;
+    all.n = dead.n = 0;
+    all.v = malloc(sizeof(at_owner_t) * (all.cap + 1));
+    dead.v = malloc(sizeof(at_owner_t) * (dead.cap + 1));
+    if (!all.v || !dead.v || zone_lock(z) != 0) {
+        free(all.v);
+        free(dead.v);
+        return 0;
+    }
+    z->last_reclaim_us = at_now_us();
+    for (i = 0; i < z->nslots; i++) {
+        owner_set_add(&all, &slots(z)[i].owner);
+    }
+    for (i = 0; i < z->nwaiters; i++) {
+        if (waiters(z)[i].state != W_FREE) {
+            owner_set_add(&all, &waiters(z)[i].owner);
+        }
+    }
+    zone_unlock(z);
+
+    for (i = 0; i < all.n; i++) {
+        if (!at_owner_alive(&all.v[i])) {
+            owner_set_add(&dead, &all.v[i]);
+        }
+    }
+    if (dead.n && zone_lock(z) == 0) {
+        n = drop_dead_owners(z, &dead);
+        zone_unlock(z);
+        for (i = 0; i < dead.n; i++) {
+            zlog(LOG_INFO, "zone %s: reclaimed what dead process %d held",
+                 z->name, (int)dead.v[i].pid);
+        }
+    }
+    free(all.v);
+    free(dead.v);
+    return n;
+}
+
+static int reclaim_due(at_zone_t *z, apr_int64_t now)
+{
+    return now - z->last_reclaim_us >= AT_RECLAIM_INTERVAL_US;
+}
+
+/* ---- acquire and release --------------------------------------------- */
+
+static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
+                      apr_int64_t now)
+{
+    t->slot = slot_take(z, self, t->ticket, now);
+    t->granted_us = now;
+    z->admitted++;
+}
+
+static int can_run_now(const at_zone_t *z)
+{
+    return z->active < z->limit && z->qhead == NONE && z->free_slot != NONE;
+}
+
+static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
+                                 apr_int64_t start, at_abort_fn abort_fn,
+                                 void *ctx)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+    apr_int64_t deadline = start + z->timeout_us;
+
+    for (;;) {
+        apr_int64_t now;
+        apr_uint32_t seen;
+        int gave_up = 0, do_reclaim;
+
+        if (zone_lock(z) != 0) {
+            return AT_ERROR;
+        }
+        now = at_now_us();
+        if (w->state == W_GRANTED) {
+            t->slot = w->slot;
+            t->granted_us = now;
+            z->admitted++;
+            waiter_free(z, wi);
+            zone_unlock(z);
+            return AT_QUEUED;
+        }
+        if (now >= deadline) {
+            queue_unlink(z, wi);
+            waiter_free(z, wi);
+            z->rejected_timeout++;
+            zone_unlock(z);
+            return AT_REJECTED_TIMEOUT;
+        }
+        seen = __atomic_load_n(&w->wake, __ATOMIC_SEQ_CST);
+        do_reclaim = reclaim_due(z, now);
+        zone_unlock(z);
+
+        if (do_reclaim) {
+            at_zone_reclaim(z);
+            continue;
+        }
+        if (abort_fn && abort_fn(ctx)) {
+            gave_up = 1;
+        }
+        if (gave_up) {
+            if (zone_lock(z) != 0) {
+                return AT_ERROR;
+            }
+            if (w->state == W_GRANTED) {
+                slot_put(z, w->slot); /* granted as the client left */
+                dispatch(z);
+            }
+            else {
+                queue_unlink(z, wi);
+            }
+            waiter_free(z, wi);
+            z->aborted++;
+            zone_unlock(z);
+            return AT_ABORTED;
+        }
+        now = at_now_us();
+        sleep_on_word(&w->wake, seen,
+                      deadline - now < AT_WAIT_SLICE_US ? deadline - now
+                                                        : AT_WAIT_SLICE_US);
+    }
+}
+
+at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
+                            void *ctx)
+{
+    const at_owner_t *self = at_owner_self();
+    apr_int64_t start = at_now_us();
+    apr_int32_t wi;
+    at_result_t r;
+
+    t->slot = NONE;
+    t->wait_us = 0;
+    if (zone_lock(z) != 0) {
+        return AT_ERROR;
+    }
+    t->ticket = ++z->next_ticket;
+    if (!can_run_now(z) && z->active >= z->limit && reclaim_due(z, start)) {
+        zone_unlock(z);
+        at_zone_reclaim(z); /* a full zone may be full of the dead */
+        if (zone_lock(z) != 0) {
+            return AT_ERROR;
+        }
+    }
+    if (can_run_now(z)) {
+        grant_now(z, t, self, start);
+        zone_unlock(z);
+        return AT_ADMITTED;
+    }
+    if (z->queued >= z->queue_cap || z->free_waiter == NONE) {
+        z->rejected_full++;
+        zone_unlock(z);
+        return AT_REJECTED_FULL;
+    }
+    wi = z->free_waiter;
+    z->free_waiter = waiters(z)[wi].next;
+    waiters(z)[wi].owner = *self;
+    waiters(z)[wi].ticket = t->ticket;
+    waiters(z)[wi].slot = NONE;
+    waiters(z)[wi].state = W_WAITING;
+    queue_push(z, wi);
+    z->queued_total++;
+    zone_unlock(z);
+
+    r = wait_for_slot(z, t, wi, start, abort_fn, ctx);
+    t->wait_us = at_now_us() - start;
+    return r;
+}
+
+apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
+{
+    apr_int64_t service = -1;
+    at_slot_t *s;
+
+    if (t->slot == NONE || zone_lock(z) != 0) {
+        return -1;
+    }
+    s = &slots(z)[t->slot];
+    /* The ticket tells our grant from a later one after a reclaim. */
+    if (s->owner.pid != 0 && s->ticket == t->ticket) {
+        service = at_now_us() - t->granted_us;
+        if (service < 0) {
+            service = 0;
+        }
+        z->service_ewma_us = z->service_ewma_us
+                                 ? (z->service_ewma_us * 7 + (apr_uint64_t)service) / 8
+                                 : (apr_uint64_t)service;
+        slot_put(z, t->slot);
+        dispatch(z);
+    }
+    zone_unlock(z);
+    t->slot = NONE;
+    return service;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
+{
+    apr_int64_t now = at_now_us(), oldest = 0;
+    apr_uint32_t i;
+
+    memset(o, 0, sizeof(*o));
+    if (zone_lock(z) != 0) {
+        return;
+    }
+    o->limit = z->limit;
+    o->queue_cap = z->queue_cap;
+    o->nslots = z->nslots;
+    o->nwaiters = z->nwaiters - z->nslots;
+    o->active = z->active;
+    o->queued = z->queued;
+    o->timeout_us = z->timeout_us;
+    o->admitted = z->admitted;
+    o->queued_total = z->queued_total;
+    o->rejected_full = z->rejected_full;
+    o->rejected_timeout = z->rejected_timeout;
+    o->aborted = z->aborted;
+    o->reclaimed = z->reclaimed;
+    o->lock_repairs = z->lock_repairs;
+    o->service_ewma_us = z->service_ewma_us;
+    for (i = 0; i < z->nslots; i++) {
+        at_slot_t *s = &slots(z)[i];
+        if (s->owner.pid != 0 && now - s->since_us > oldest) {
+            oldest = now - s->since_us;
+        }
+    }
+    o->oldest_us = oldest;
+    zone_unlock(z);
+}
+
+apr_uint32_t at_zone_retry_after(at_zone_t *z)
+{
+    apr_uint64_t us, secs;
+
+    if (z->retry_after != AT_RETRY_AFTER_AUTO) {
+        return z->retry_after;
+    }
+    /* Time for the queue ahead to drain; read without the lock, an estimate. */
+    us = ((apr_uint64_t)z->queued + 1) * z->service_ewma_us / (z->limit ? z->limit : 1);
+    secs = (us + 999999) / 1000000;
+    return (apr_uint32_t)(secs < 1 ? 1 : secs > AT_RETRY_AFTER_MAX ? AT_RETRY_AFTER_MAX : secs);
+}
+
+apr_status_t at_zone_debug_take_lock(at_zone_t *z)
+{
+    return zone_lock(z) == 0 ? APR_SUCCESS : APR_EGENERAL;
+}

@@ -1,0 +1,707 @@
+/*
+ * mod_adaptive_throttle: the httpd glue. Directives, the per-request
+ * decision, the shared memory life cycle and the status page. The zone
+ * logic itself is in the APR-only core (at_zone.c, at_parse.c, at_owner.c).
+ */
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_log.h"
+#include "http_main.h"
+#include "http_protocol.h"
+#include "http_request.h"
+#include "ap_expr.h"
+#include "ap_mpm.h"
+#include "mpm_common.h"
+
+#include "apr_fnmatch.h"
+#include "apr_hash.h"
+#include "apr_shm.h"
+#include "apr_strings.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "at_parse.h"
+#include "at_zone.h"
+
+#ifndef POLLRDHUP
+#define POLLRDHUP 0
+#endif
+
+#define MOD_VERSION "0.1.0"
+#define RETAINED_KEY "mod_adaptive_throttle-zones"
+#define RELEASE_FILTER "THROTTLE_RELEASE"
+
+module AP_MODULE_DECLARE_DATA adaptive_throttle_module;
+APLOG_USE_MODULE(adaptive_throttle);
+
+/* A zone name as the configuration knows it: every directive naming a zone
+ * points at the same ref, and post_config attaches the shared zone to it. */
+typedef struct {
+    const char *name;
+    const char *defined_at; /* NULL until ThrottleZone NAME is read */
+    const char *first_use;
+    at_zone_conf_t conf;
+    at_zone_t *zone;
+} zone_ref_t;
+
+typedef struct {
+    const char *pattern;
+    int is_glob;
+    zone_ref_t *ref;
+} handler_map_t;
+
+typedef struct {
+    apr_array_header_t *handlers; /* handler_map_t */
+} srv_conf_t;
+
+enum { ZONE_UNSET = 0, ZONE_SET, ZONE_OFF };
+
+typedef struct {
+    int zone_state;
+    zone_ref_t *ref;
+    apr_array_header_t *bypass; /* ap_expr_info_t * */
+} dir_conf_t;
+
+/* The outcome for one initial request, kept on the initial request so an
+ * internal redirect is not counted twice. */
+typedef struct {
+    zone_ref_t *ref;
+    at_zone_t *zone;
+    at_ticket_t ticket;
+    const char *result;
+    int holding;
+} req_state_t;
+
+/* Segments kept across restarts in the process pool: one per zone name. */
+typedef struct {
+    apr_hash_t *zones; /* name -> at_zone_t * */
+} retained_t;
+
+static apr_hash_t *zone_refs; /* name -> zone_ref_t *, for this config cycle */
+static retained_t *retained;
+
+/* ---- configuration ---------------------------------------------------- */
+
+static apr_status_t forget_refs(void *unused)
+{
+    (void)unused;
+    zone_refs = NULL;
+    return APR_SUCCESS;
+}
+
+static const char *where(cmd_parms *cmd)
+{
+    return apr_psprintf(cmd->pool, "%s:%d", cmd->directive->filename,
+                        cmd->directive->line_num);
+}
+
+static zone_ref_t *ref_for(cmd_parms *cmd, const char *name)
+{
+    zone_ref_t *ref;
+
+    if (!zone_refs) {
+        zone_refs = apr_hash_make(cmd->pool);
+        apr_pool_cleanup_register(cmd->pool, NULL, forget_refs,
+                                  apr_pool_cleanup_null);
+    }
+    ref = apr_hash_get(zone_refs, name, APR_HASH_KEY_STRING);
+    if (!ref) {
+        ref = apr_pcalloc(cmd->pool, sizeof(*ref));
+        ref->name = apr_pstrdup(cmd->pool, name);
+        ref->first_use = where(cmd);
+        apr_hash_set(zone_refs, ref->name, APR_HASH_KEY_STRING, ref);
+    }
+    return ref;
+}
+
+static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
+                            char *const argv[])
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    at_zone_conf_t conf;
+    zone_ref_t *ref;
+    (void)dummy;
+
+    if (err) {
+        return err;
+    }
+    if (argc < 1) {
+        return "ThrottleZone needs a name and limit=N, e.g. ThrottleZone cgi limit=4";
+    }
+    if ((err = at_parse_zone_name(cmd->pool, argv[0]))) {
+        return apr_pstrcat(cmd->pool, "ThrottleZone: ", err, NULL);
+    }
+    err = at_parse_zone_args(cmd->pool, argc - 1, (const char *const *)argv + 1,
+                             &conf);
+    if (err) {
+        return apr_psprintf(cmd->pool, "ThrottleZone %s: %s", argv[0], err);
+    }
+    ref = ref_for(cmd, argv[0]);
+    if (ref->defined_at) {
+        return apr_psprintf(cmd->pool, "ThrottleZone %s: zone already defined at %s",
+                            argv[0], ref->defined_at);
+    }
+    ref->defined_at = where(cmd);
+    ref->conf = conf;
+    return NULL;
+}
+
+static const char *set_throttle(cmd_parms *cmd, void *dconf, const char *name)
+{
+    dir_conf_t *d = dconf;
+    const char *err;
+
+    if (strcasecmp(name, "off") == 0) {
+        d->zone_state = ZONE_OFF;
+        d->ref = NULL;
+        return NULL;
+    }
+    if ((err = at_parse_zone_name(cmd->pool, name))) {
+        return apr_pstrcat(cmd->pool, "Throttle: ", err, " (give a zone name or 'off')",
+                           NULL);
+    }
+    d->zone_state = ZONE_SET;
+    d->ref = ref_for(cmd, name);
+    return NULL;
+}
+
+static const char *set_handler_zone(cmd_parms *cmd, void *dummy,
+                                    const char *handler, const char *name)
+{
+    srv_conf_t *sc = ap_get_module_config(cmd->server->module_config,
+                                          &adaptive_throttle_module);
+    handler_map_t *m;
+    const char *err;
+    int i;
+    (void)dummy;
+
+    if (!*handler) {
+        return "ThrottleHandler: the handler name must not be empty";
+    }
+    if ((err = at_parse_zone_name(cmd->pool, name))) {
+        return apr_psprintf(cmd->pool, "ThrottleHandler %s: %s", handler, err);
+    }
+    for (i = 0; i < sc->handlers->nelts; i++) {
+        m = &APR_ARRAY_IDX(sc->handlers, i, handler_map_t);
+        if (strcmp(m->pattern, handler) == 0) {
+            return apr_psprintf(cmd->pool, "ThrottleHandler %s: this handler is "
+                                "already mapped to zone %s in this server",
+                                handler, m->ref->name);
+        }
+    }
+    m = apr_array_push(sc->handlers);
+    m->pattern = apr_pstrdup(cmd->pool, handler);
+    m->is_glob = apr_fnmatch_test(handler);
+    m->ref = ref_for(cmd, name);
+    return NULL;
+}
+
+static const char *set_bypass(cmd_parms *cmd, void *dconf, const char *expr)
+{
+    dir_conf_t *d = dconf;
+    const char *err = NULL;
+    ap_expr_info_t *info = ap_expr_parse_cmd(cmd, expr, 0, &err, NULL);
+
+    if (err) {
+        return apr_psprintf(cmd->pool, "ThrottleBypass: cannot parse expression "
+                            "'%s': %s", expr, err);
+    }
+    *(ap_expr_info_t **)apr_array_push(d->bypass) = info;
+    return NULL;
+}
+
+static void *create_srv_conf(apr_pool_t *p, server_rec *s)
+{
+    srv_conf_t *sc = apr_pcalloc(p, sizeof(*sc));
+    (void)s;
+
+    sc->handlers = apr_array_make(p, 4, sizeof(handler_map_t));
+    return sc;
+}
+
+/* A virtual host's mappings come first, so they win over the main server's. */
+static void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    srv_conf_t *base = basev, *add = addv, *sc = apr_pcalloc(p, sizeof(*sc));
+
+    sc->handlers = apr_array_append(p, add->handlers, base->handlers);
+    return sc;
+}
+
+static void *create_dir_conf(apr_pool_t *p, char *dir)
+{
+    dir_conf_t *d = apr_pcalloc(p, sizeof(*d));
+    (void)dir;
+
+    d->bypass = apr_array_make(p, 1, sizeof(ap_expr_info_t *));
+    return d;
+}
+
+static void *merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    dir_conf_t *base = basev, *add = addv, *d = apr_pcalloc(p, sizeof(*d));
+
+    d->zone_state = add->zone_state != ZONE_UNSET ? add->zone_state : base->zone_state;
+    d->ref = add->zone_state != ZONE_UNSET ? add->ref : base->ref;
+    d->bypass = apr_array_append(p, base->bypass, add->bypass);
+    return d;
+}
+
+/* ---- life cycle --------------------------------------------------------- */
+
+static void log_from_core(int level, const char *msg)
+{
+    ap_log_error(APLOG_MARK, level, 0, ap_server_conf, "%s", msg);
+}
+
+static int throttle_pre_config(apr_pool_t *pconf, apr_pool_t *plog,
+                               apr_pool_t *ptemp)
+{
+    (void)pconf;
+    (void)plog;
+    (void)ptemp;
+    zone_refs = NULL;
+    at_set_logger(log_from_core);
+    return OK;
+}
+
+static int throttle_check_config(apr_pool_t *pconf, apr_pool_t *plog,
+                                 apr_pool_t *ptemp, server_rec *s)
+{
+    apr_hash_index_t *hi;
+    int rv = OK;
+    (void)pconf;
+    (void)plog;
+    (void)ptemp;
+
+    for (hi = zone_refs ? apr_hash_first(ptemp, zone_refs) : NULL; hi;
+         hi = apr_hash_next(hi)) {
+        zone_ref_t *ref = apr_hash_this_val(hi);
+
+        if (!ref->defined_at) {
+            ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_EMERG, 0, s,
+                         "mod_adaptive_throttle: zone '%s' is used at %s but never "
+                         "defined; add 'ThrottleZone %s limit=N' to the global "
+                         "server configuration", ref->name, ref->first_use, ref->name);
+            rv = !OK;
+        }
+    }
+    return rv;
+}
+
+static apr_uint32_t with_headroom(apr_uint32_t n, apr_uint32_t floor,
+                                  apr_uint32_t max)
+{
+    apr_uint64_t h = (apr_uint64_t)n * 2;
+
+    if (h < floor) {
+        h = floor;
+    }
+    return (apr_uint32_t)(h > max ? (n > max ? n : max) : h);
+}
+
+static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
+{
+    apr_uint32_t nslots = with_headroom(ref->conf.limit, 64, AT_LIMIT_MAX);
+    apr_uint32_t nwaiters = with_headroom(ref->conf.queue, 256, AT_QUEUE_MAX);
+    apr_size_t size = at_zone_size(nslots, nwaiters);
+    apr_shm_t *shm;
+    apr_status_t rv;
+
+    /* Anonymous memory in the process pool: inherited by every child and
+     * kept across graceful restarts until the server stops. */
+    rv = apr_shm_create(&shm, size, NULL, s->process->pool);
+    if (rv == APR_SUCCESS) {
+        rv = at_zone_init(apr_shm_baseaddr_get(shm), size, ref->name, &ref->conf,
+                          nslots, nwaiters);
+    }
+    if (rv != APR_SUCCESS) {
+        ap_log_error(APLOG_MARK, APLOG_EMERG, rv, s,
+                     "mod_adaptive_throttle: cannot create shared memory of %"
+                     APR_SIZE_T_FMT " bytes for zone %s", size, ref->name);
+        return NULL;
+    }
+    return apr_shm_baseaddr_get(shm);
+}
+
+static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
+                                apr_pool_t *ptemp, server_rec *s)
+{
+    apr_hash_index_t *hi;
+    (void)pconf;
+    (void)plog;
+
+    if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG) {
+        return OK; /* the first, trial pass over the configuration */
+    }
+    retained = ap_retained_data_get(RETAINED_KEY);
+    if (!retained) {
+        retained = ap_retained_data_create(RETAINED_KEY, sizeof(*retained));
+        retained->zones = apr_hash_make(s->process->pool);
+    }
+    for (hi = zone_refs ? apr_hash_first(ptemp, zone_refs) : NULL; hi;
+         hi = apr_hash_next(hi)) {
+        zone_ref_t *ref = apr_hash_this_val(hi);
+        at_zone_t *z = apr_hash_get(retained->zones, ref->name, APR_HASH_KEY_STRING);
+
+        if (z && at_zone_can_hold(z, &ref->conf)
+            && at_zone_reconfigure(z, &ref->conf) == APR_SUCCESS) {
+            ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: kept across restart "
+                         "(limit %u, queue %u)", ref->name, ref->conf.limit,
+                         ref->conf.queue);
+        }
+        else {
+            if (z) {
+                ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: grown beyond its "
+                             "shared memory; starting it anew", ref->name);
+            }
+            if (!(z = zone_create(s, ref))) {
+                return HTTP_INTERNAL_SERVER_ERROR;
+            }
+            apr_hash_set(retained->zones, apr_pstrdup(s->process->pool, ref->name),
+                         APR_HASH_KEY_STRING, z);
+        }
+        ref->zone = z;
+    }
+    return OK;
+}
+
+static void reclaim_all(void)
+{
+    apr_hash_index_t *hi;
+
+    if (!retained) {
+        return;
+    }
+    for (hi = apr_hash_first(NULL, retained->zones); hi; hi = apr_hash_next(hi)) {
+        at_zone_reclaim(apr_hash_this_val(hi));
+    }
+}
+
+/* In the parent: a child has exited, so what it held can go back now. */
+static void throttle_child_status(server_rec *s, pid_t pid, ap_generation_t gen,
+                                  int slot, mpm_child_status status)
+{
+    (void)s;
+    (void)pid;
+    (void)gen;
+    (void)slot;
+    if (status == MPM_CHILD_EXITED) {
+        reclaim_all();
+    }
+}
+
+static int throttle_monitor(apr_pool_t *p, server_rec *s)
+{
+    (void)p;
+    (void)s;
+    reclaim_all();
+    return DECLINED;
+}
+
+/* ---- the request ---------------------------------------------------------- */
+
+static zone_ref_t *zone_for_request(request_rec *r, dir_conf_t *d)
+{
+    srv_conf_t *sc;
+    int i;
+
+    if (d->zone_state == ZONE_SET) {
+        return d->ref;
+    }
+    if (d->zone_state == ZONE_OFF || !r->handler) {
+        return NULL;
+    }
+    sc = ap_get_module_config(r->server->module_config, &adaptive_throttle_module);
+    for (i = 0; i < sc->handlers->nelts; i++) {
+        handler_map_t *m = &APR_ARRAY_IDX(sc->handlers, i, handler_map_t);
+
+        if (m->is_glob ? apr_fnmatch(m->pattern, r->handler, 0) == APR_SUCCESS
+                       : strcmp(m->pattern, r->handler) == 0) {
+            return m->ref;
+        }
+    }
+    return NULL;
+}
+
+static int bypassed(request_rec *r, dir_conf_t *d)
+{
+    int i;
+
+    for (i = 0; i < d->bypass->nelts; i++) {
+        const char *err = NULL;
+        int rc = ap_expr_exec(r, APR_ARRAY_IDX(d->bypass, i, ap_expr_info_t *), &err);
+
+        if (err) {
+            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r,
+                          "ThrottleBypass: cannot evaluate expression: %s", err);
+        }
+        else if (rc > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Polled while a request waits: has the client gone away? */
+static int client_gone(void *ctx)
+{
+    request_rec *r = ctx;
+    conn_rec *c = r->connection;
+    apr_socket_t *sock;
+    apr_os_sock_t fd;
+    struct pollfd pfd;
+    char byte;
+
+    if (c->aborted) {
+        return 1;
+    }
+    if (c->master) {
+        return 0; /* an HTTP/2 stream: the socket is the session's */
+    }
+    sock = ap_get_conn_socket(c);
+    if (!sock || apr_os_sock_get(&fd, sock) != APR_SUCCESS) {
+        return 0;
+    }
+    pfd.fd = fd;
+    pfd.events = POLLIN | POLLRDHUP;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, 0) <= 0) {
+        return 0;
+    }
+    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+        return 1;
+    }
+    /* Readable with nothing to read is an orderly close. */
+    return (pfd.revents & POLLIN) && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+static void release_slot(req_state_t *st)
+{
+    if (st->holding) {
+        st->holding = 0;
+        at_zone_release(st->zone, &st->ticket);
+    }
+}
+
+static apr_status_t release_on_cleanup(void *data)
+{
+    release_slot(data);
+    return APR_SUCCESS;
+}
+
+/* Releases the slot as soon as the handler's response has been passed on,
+ * rather than when the request pool goes, which may be after a slow client
+ * has read the last byte. The pool cleanup stays as the backstop. */
+static apr_status_t release_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    req_state_t *st = f->ctx;
+    apr_bucket *b;
+    int eos = 0;
+    apr_status_t rv;
+
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
+         b = APR_BUCKET_NEXT(b)) {
+        if (APR_BUCKET_IS_EOS(b)) {
+            eos = 1;
+            break;
+        }
+    }
+    rv = ap_pass_brigade(f->next, bb);
+    if (eos) {
+        release_slot(st);
+        ap_remove_output_filter(f);
+    }
+    return rv;
+}
+
+static void export_outcome(request_rec *r, const req_state_t *st)
+{
+    apr_table_setn(r->subprocess_env, "THROTTLE_ZONE", st->ref->name);
+    apr_table_setn(r->subprocess_env, "THROTTLE_RESULT", st->result);
+    apr_table_setn(r->subprocess_env, "THROTTLE_WAIT_US",
+                   apr_psprintf(r->pool, "%" APR_INT64_T_FMT, st->ticket.wait_us));
+}
+
+static const char *result_name(at_result_t res)
+{
+    switch (res) {
+    case AT_ADMITTED: return "admitted";
+    case AT_QUEUED: return "queued";
+    case AT_REJECTED_FULL: return "rejected-full";
+    case AT_REJECTED_TIMEOUT: return "rejected-timeout";
+    case AT_ABORTED: return "aborted";
+    default: return "error";
+    }
+}
+
+static int throttle_handler(request_rec *r)
+{
+    request_rec *top = r;
+    dir_conf_t *d;
+    zone_ref_t *ref;
+    req_state_t *st;
+    at_result_t res;
+
+    if (r->main) {
+        return DECLINED;
+    }
+    while (top->prev) {
+        top = top->prev;
+    }
+    st = ap_get_module_config(top->request_config, &adaptive_throttle_module);
+    if (st) {
+        export_outcome(r, st); /* an internal redirect: decided already */
+        return DECLINED;
+    }
+    d = ap_get_module_config(r->per_dir_config, &adaptive_throttle_module);
+    if (!(ref = zone_for_request(r, d)) || !ref->zone) {
+        return DECLINED;
+    }
+    st = apr_pcalloc(r->pool, sizeof(*st));
+    st->ref = ref;
+    st->zone = ref->zone;
+    ap_set_module_config(top->request_config, &adaptive_throttle_module, st);
+    if (bypassed(r, d)) {
+        st->result = "bypass";
+        export_outcome(r, st);
+        return DECLINED;
+    }
+
+    res = at_zone_acquire(st->zone, &st->ticket, client_gone, r);
+    st->result = result_name(res);
+    export_outcome(r, st);
+    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s after %" APR_INT64_T_FMT
+                  " us", ref->name, st->result, st->ticket.wait_us);
+
+    switch (res) {
+    case AT_ADMITTED:
+    case AT_QUEUED:
+        st->holding = 1;
+        apr_pool_cleanup_register(r->pool, st, release_on_cleanup,
+                                  apr_pool_cleanup_null);
+        ap_add_output_filter(RELEASE_FILTER, st, r, r->connection);
+        return DECLINED;
+    case AT_REJECTED_FULL:
+    case AT_REJECTED_TIMEOUT:
+        apr_table_setn(r->err_headers_out, "Retry-After",
+                       apr_psprintf(r->pool, "%u", at_zone_retry_after(st->zone)));
+        return HTTP_SERVICE_UNAVAILABLE;
+    case AT_ABORTED:
+        r->connection->keepalive = AP_CONN_CLOSE;
+        r->connection->aborted = 1; /* nobody to answer: the handler never runs */
+        return HTTP_SERVICE_UNAVAILABLE;
+    default:
+        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "zone %s: shared state unusable; "
+                      "letting the request through", ref->name);
+        return DECLINED;
+    }
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+static void print_zone(request_rec *r, zone_ref_t *ref)
+{
+    at_zone_stats_t s;
+
+    at_zone_stats(ref->zone, &s);
+    ap_rprintf(r, "Zone: %s\n", ref->name);
+    ap_rprintf(r, "%s.Limit: %u\n%s.Active: %u\n%s.Queued: %u\n%s.QueueCapacity: %u\n",
+               ref->name, s.limit, ref->name, s.active, ref->name, s.queued,
+               ref->name, s.queue_cap);
+    ap_rprintf(r, "%s.TimeoutMs: %" APR_INT64_T_FMT "\n", ref->name, s.timeout_us / 1000);
+    ap_rprintf(r, "%s.Admitted: %" APR_UINT64_T_FMT "\n%s.QueuedTotal: %" APR_UINT64_T_FMT
+               "\n%s.RejectedFull: %" APR_UINT64_T_FMT "\n%s.RejectedTimeout: %"
+               APR_UINT64_T_FMT "\n%s.Aborted: %" APR_UINT64_T_FMT "\n%s.Reclaimed: %"
+               APR_UINT64_T_FMT "\n%s.LockRepairs: %" APR_UINT64_T_FMT "\n",
+               ref->name, s.admitted, ref->name, s.queued_total, ref->name,
+               s.rejected_full, ref->name, s.rejected_timeout, ref->name, s.aborted,
+               ref->name, s.reclaimed, ref->name, s.lock_repairs);
+    ap_rprintf(r, "%s.ServiceEwmaMs: %.1f\n%s.OldestRunningMs: %" APR_INT64_T_FMT "\n",
+               ref->name, (double)s.service_ewma_us / 1000.0, ref->name,
+               s.oldest_us / 1000);
+}
+
+static int sort_by_name(const void *a, const void *b)
+{
+    return strcmp((*(zone_ref_t *const *)a)->name, (*(zone_ref_t *const *)b)->name);
+}
+
+/* Until the full status page exists: mod_status-style "Key: value" lines. */
+static int status_handler(request_rec *r)
+{
+    apr_array_header_t *refs;
+    apr_hash_index_t *hi;
+    int i;
+
+    if (strcmp(r->handler, "throttle-status") != 0) {
+        return DECLINED;
+    }
+    if (r->method_number != M_GET) {
+        return HTTP_METHOD_NOT_ALLOWED;
+    }
+    ap_set_content_type(r, "text/plain; charset=utf-8");
+    apr_table_setn(r->headers_out, "Cache-Control", "no-store");
+    if (r->header_only) {
+        return OK;
+    }
+    ap_rprintf(r, "Version: %s\n", MOD_VERSION);
+    refs = apr_array_make(r->pool, 8, sizeof(zone_ref_t *));
+    for (hi = zone_refs ? apr_hash_first(r->pool, zone_refs) : NULL; hi;
+         hi = apr_hash_next(hi)) {
+        *(zone_ref_t **)apr_array_push(refs) = apr_hash_this_val(hi);
+    }
+    qsort(refs->elts, (size_t)refs->nelts, sizeof(zone_ref_t *), sort_by_name);
+    for (i = 0; i < refs->nelts; i++) {
+        zone_ref_t *ref = APR_ARRAY_IDX(refs, i, zone_ref_t *);
+        if (ref->zone) {
+            print_zone(r, ref);
+        }
+    }
+    return OK;
+}
+
+/* ---- registration ----------------------------------------------------------- */
+
+static const command_rec throttle_cmds[] = {
+    AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
+                      "ThrottleZone NAME limit=N [queue=N] [timeout=DURATION] "
+                      "[retry_after=SECONDS|auto]: a shared cap and queue"),
+    AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
+                  "Throttle NAME|off: requests here use zone NAME, or none"),
+    AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
+                  "ThrottleHandler HANDLER NAME: requests whose final handler is "
+                  "HANDLER (a name or a wildcard pattern) use zone NAME"),
+    AP_INIT_TAKE1("ThrottleBypass", set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
+                  "ThrottleBypass EXPR: requests for which EXPR is true are not "
+                  "throttled"),
+    {NULL}
+};
+
+static void throttle_register_hooks(apr_pool_t *p)
+{
+    (void)p;
+    ap_hook_pre_config(throttle_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_check_config(throttle_check_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_post_config(throttle_post_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_child_status(throttle_child_status, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_monitor(throttle_monitor, NULL, NULL, APR_HOOK_MIDDLE);
+    /* First among handlers: by now the final handler is known. */
+    ap_hook_handler(throttle_handler, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    ap_hook_handler(status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
+                              AP_FTYPE_RESOURCE);
+}
+
+module AP_MODULE_DECLARE_DATA adaptive_throttle_module = {
+    STANDARD20_MODULE_STUFF,
+    create_dir_conf,
+    merge_dir_conf,
+    create_srv_conf,
+    merge_srv_conf,
+    throttle_cmds,
+    throttle_register_hooks,
+    AP_MODULE_FLAG_NONE
+};

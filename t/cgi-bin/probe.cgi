@@ -1,0 +1,42 @@
+#!/usr/bin/perl
+# A CGI that witnesses the throttle from the inside: under an exclusive lock
+# it counts how many copies of itself run at once (per tag), remembers the
+# highest count, logs the order in which copies started and the pid of the
+# httpd process that runs it, then sleeps and answers.
+use strict;
+use warnings;
+use Fcntl qw(:flock O_RDWR O_CREAT);
+use Time::HiRes qw(sleep);
+
+my %q = map { my ($k, $v) = split /=/, $_, 2; ($k => $v // '') }
+        split /&/, $ENV{QUERY_STRING} // '';
+my $tag   = ($q{tag} // '') =~ /^(\w+)$/ ? $1 : 'default';
+my $id    = ($q{id}  // '') =~ /^(\w+)$/ ? $1 : '-';
+my $ms    = ($q{sleep} // '') =~ /^(\d+)$/ ? $1 : 0;
+my $dir   = $ENV{PROBE_DIR} or die "PROBE_DIR not set";
+
+sub with_count {
+    my ($delta, $log) = @_;
+    sysopen(my $fh, "$dir/$tag.count", O_RDWR | O_CREAT) or die "$dir/$tag.count: $!";
+    flock($fh, LOCK_EX) or die "flock: $!";
+    my ($cur, $max) = split ' ', (<$fh> // '0 0');
+    $cur = ($cur // 0) + $delta;
+    $max = $cur if $cur > ($max // 0);
+    seek($fh, 0, 0); truncate($fh, 0);
+    print $fh "$cur $max\n";
+    if ($log) {
+        open(my $o, '>>', "$dir/$tag.order") or die;
+        print $o "$id $$ ", getppid(), "\n";
+        close $o;
+    }
+    close $fh;
+}
+
+with_count(+1, 1);
+sleep($ms / 1000) if $ms;
+with_count(-1, 0);
+
+print "Content-Type: text/plain\n\n";
+printf "zone=%s result=%s wait_us=%s id=%s httpd_pid=%d\n",
+    $ENV{THROTTLE_ZONE} // '', $ENV{THROTTLE_RESULT} // '',
+    $ENV{THROTTLE_WAIT_US} // '', $id, getppid();

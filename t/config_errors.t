@@ -1,0 +1,85 @@
+# Every invalid use of the directives stops httpd at configuration time
+# (httpd -t fails), with a message that names the directive and the value.
+use strict;
+use warnings FATAL => 'all';
+use Apache::Test;
+use Apache::TestUtil;
+use File::Temp qw(tempdir);
+
+my @bad = (
+    # [ configuration, what the message must mention ]
+    ['ThrottleZone',                              qr/ThrottleZone.*name/],
+    ['ThrottleZone web',                          qr/ThrottleZone web: .*'limit' is required/],
+    ['ThrottleZone web limit=0',                  qr/ThrottleZone web: .*limit.*'0'.*out of range/],
+    ['ThrottleZone web limit=-3',                 qr/ThrottleZone web: .*limit.*'-3'/],
+    ['ThrottleZone web limit=abc',                qr/ThrottleZone web: .*limit.*'abc'/],
+    ['ThrottleZone web limit=1.5',                qr/ThrottleZone web: .*limit.*'1\.5'/],
+    ['ThrottleZone web limit=99999999999999999999',qr/ThrottleZone web: .*limit.*'99999999999999999999'/],
+    ['ThrottleZone web limit=auto',               qr/ThrottleZone web: .*limit.*'auto'/],
+    ['ThrottleZone web limit=2 queue=-1',         qr/ThrottleZone web: .*queue.*'-1'/],
+    ['ThrottleZone web limit=2 queue=1000000',    qr/ThrottleZone web: .*queue.*'1000000'/],
+    ['ThrottleZone web limit=2 queue=',           qr/ThrottleZone web: .*queue.*empty/],
+    ['ThrottleZone web limit=2 timeout=0',        qr/ThrottleZone web: .*timeout.*'0'/],
+    ['ThrottleZone web limit=2 timeout=5parsecs', qr/ThrottleZone web: .*timeout.*'5parsecs'.*unit/],
+    ['ThrottleZone web limit=2 timeout=2h',       qr/ThrottleZone web: .*timeout.*'2h'/],
+    ['ThrottleZone web limit=2 timeout=-1s',      qr/ThrottleZone web: .*timeout.*'-1s'/],
+    ['ThrottleZone web limit=2 retry_after=0',    qr/ThrottleZone web: .*retry_after.*'0'/],
+    ['ThrottleZone web limit=2 retry_after=soon', qr/ThrottleZone web: .*retry_after.*'soon'/],
+    ['ThrottleZone web limit=2 bogus=1',          qr/ThrottleZone web: unknown key 'bogus'/],
+    ['ThrottleZone web limit=2 limit=3',          qr/ThrottleZone web: key 'limit' is given twice/],
+    ['ThrottleZone web limit=2 noequals',         qr/ThrottleZone web: 'noequals' is not of the form key=value/],
+    ['ThrottleZone off limit=2',                  qr/ThrottleZone: 'off' is reserved/],
+    ['ThrottleZone "we b" limit=2',               qr/ThrottleZone: zone name 'we b'/],
+    ['ThrottleZone "" limit=2',                   qr/ThrottleZone: a zone name must not be empty/],
+    ['ThrottleZone ' . ('x' x 49) . ' limit=2',   qr/ThrottleZone: zone name 'x{49}' is longer/],
+    ["ThrottleZone web limit=2\nThrottleZone web limit=3", qr/ThrottleZone web: zone already defined at/],
+    ["<VirtualHost 127.0.0.1:1>\nThrottleZone web limit=2\n</VirtualHost>", qr/ThrottleZone cannot occur within <VirtualHost>/],
+    ["<Location /x>\nThrottleZone web limit=2\n</Location>", qr/ThrottleZone not allowed in <Location> context/],
+    ["<Location /x>\nThrottle nowhere\n</Location>", qr/zone 'nowhere' is used at .* but never defined/],
+    ['ThrottleHandler cgi-script nowhere',        qr/zone 'nowhere' is used at .* but never defined/],
+    ['ThrottleHandler cgi-script',                qr/ThrottleHandler takes two arguments/],
+    ["ThrottleZone web limit=2\nThrottleHandler \"\" web", qr/ThrottleHandler takes two arguments/],
+    ["ThrottleZone web limit=2\nThrottleHandler cgi-script web\nThrottleHandler cgi-script web",
+                                                  qr/ThrottleHandler cgi-script: this handler is already mapped to zone web/],
+    ["ThrottleZone web limit=2\nThrottleHandler cgi-script \"a/b\"", qr/ThrottleHandler cgi-script: zone name 'a\/b'/],
+    ["<Location /x>\nThrottleHandler cgi-script web\n</Location>", qr/ThrottleHandler not allowed in <Location> context/],
+    ["<Location /x>\nThrottle a/b\n</Location>",  qr/Throttle: zone name 'a\/b'.*or 'off'/],
+    ["<Location /x>\nThrottle\n</Location>",      qr/Throttle takes one argument/],
+    ["<Location /x>\nThrottle a b\n</Location>",  qr/Throttle takes one argument/],
+    ["<Location /x>\nThrottleBypass \"%{\"\n</Location>", qr/ThrottleBypass: cannot parse expression '%\{'/],
+    ["<Location /x>\nThrottleBypass \"-R 'nonsense\"\n</Location>", qr/ThrottleBypass: cannot parse expression/],
+);
+
+my $inherit = $ENV{INHERIT_CONF};
+plan tests => 2 * @bad + 1,
+    need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => ($inherit && -f $inherit) };
+
+my $httpd = $ENV{HTTPD} || Apache::Test::vars('httpd');
+my $dir = tempdir(CLEANUP => 1);
+
+sub check_config {
+    my ($snippet) = @_;
+    my $file = "$dir/httpd.conf";
+    open my $fh, '>', $file or die;
+    open my $in, '<', $inherit or die;
+    my $modules = do { local $/; <$in> };
+    print $fh $modules;
+    print $fh "ServerRoot $dir\nServerName 127.0.0.1\nListen 127.0.0.1:1\n",
+              "ErrorLog $dir/error_log\nPidFile $dir/pid\n$snippet\n";
+    close $fh;
+    my $out = `'$httpd' -t -f '$file' 2>&1`;
+    return ($? >> 8, $out);
+}
+
+my ($rc, $out) = check_config("ThrottleZone web limit=2 queue=0 timeout=250ms retry_after=3\n"
+                              . "ThrottleHandler cgi-script web\n<Location /x>\nThrottle web\n"
+                              . "ThrottleBypass \"-R '127.0.0.0/8'\"\n</Location>");
+ok t_cmp("$rc $out", qr/^0 Syntax OK/, 'a valid configuration passes httpd -t');
+
+for my $case (@bad) {
+    my ($snippet, $re) = @$case;
+    (my $label = $snippet) =~ s/\n/ | /g;
+    ($rc, $out) = check_config($snippet);
+    ok t_cmp($rc != 0, 1, "refused: $label");
+    ok t_cmp($out, $re, "message for: $label");
+}

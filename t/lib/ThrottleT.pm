@@ -1,0 +1,169 @@
+package ThrottleT;
+# Helpers for the integration tests: raw HTTP requests (so timing and
+# disconnects are under the test's control), many at once from forked
+# clients, and readers for what the probe CGI witnessed.
+use strict;
+use warnings;
+use Exporter 'import';
+use IO::Socket::INET;
+use Storable qw(store retrieve);
+use File::Temp qw(tempdir);
+use Time::HiRes qw(time sleep);
+use Apache::Test;
+use Apache::TestRequest;
+
+our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count
+                 probe_order probe_reset wait_until hostport server_pid
+                 load_loop restarts_seen);
+
+sub hostport { Apache::TestRequest::hostport() }
+
+sub probe_dir {
+    my $dir = Apache::Test::vars('t_logs') . '/probe';
+    unless (-d $dir) {
+        mkdir $dir or die "mkdir $dir: $!";
+        chmod 0777, $dir; # the CGIs run as nobody
+    }
+    $dir;
+}
+
+sub connect_server {
+    my ($host, $port) = split /:/, hostport();
+    IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => 'tcp',
+                          Timeout => 10) or die "connect $host:$port: $!";
+}
+
+# GET $path; returns { status, headers (lower-case keys), body, secs }.
+sub http_get {
+    my ($path, %opt) = @_;
+    my $t0 = time;
+    my $sock = connect_server();
+    my $extra = join '', map { "$_: $opt{headers}{$_}\r\n" } keys %{ $opt{headers} || {} };
+    print $sock "GET $path HTTP/1.0\r\nHost: " . hostport() . "\r\n$extra\r\n";
+    local $/;
+    my $raw = <$sock> // '';
+    close $sock;
+    my ($head, $body) = split /\r\n\r\n/, $raw, 2;
+    my ($status) = ($head // '') =~ m{^HTTP/\d\.\d (\d+)};
+    my %h;
+    for (split /\r\n/, $head // '') {
+        $h{lc $1} = $2 if /^([^:]+):\s*(.*)$/;
+    }
+    return { status => $status // 0, headers => \%h, body => $body // '',
+             secs => time - $t0 };
+}
+
+my $bg_dir;
+sub bg_get {
+    my ($path, %opt) = @_;
+    $bg_dir //= tempdir(CLEANUP => 1);
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        my $r = eval { http_get($path, %opt) } || { status => 0, error => "$@" };
+        store($r, "$bg_dir/$$");
+        require POSIX;
+        POSIX::_exit(0);
+    }
+    return $pid;
+}
+
+sub bg_wait {
+    my ($pid) = @_;
+    waitpid($pid, 0);
+    my $f = "$bg_dir/$pid";
+    return -f $f ? retrieve($f) : { status => 0, error => 'no result' };
+}
+
+# Start all paths at once; returns results in the same order.
+sub parallel_get {
+    my (@paths) = @_;
+    my @pids = map { bg_get($_) } @paths;
+    return map { bg_wait($_) } @pids;
+}
+
+sub status_auto {
+    my $r = http_get('/throttle-status');
+    my %s;
+    for (split /\n/, $r->{body}) {
+        $s{$1} = $2 if /^([^:]+):\s*(.*)$/;
+    }
+    return \%s;
+}
+
+sub probe_reset {
+    my ($tag) = @_;
+    my $dir = probe_dir();
+    unlink "$dir/$tag.count", "$dir/$tag.order";
+}
+
+# (running now, highest ever) as counted by the CGIs themselves.
+sub probe_count {
+    my ($tag) = @_;
+    open(my $fh, '<', probe_dir() . "/$tag.count") or return (0, 0);
+    my ($cur, $max) = split ' ', (<$fh> // '0 0');
+    return ($cur // 0, $max // 0);
+}
+
+# [id, cgi pid, httpd pid] per started CGI, in start order.
+sub probe_order {
+    my ($tag) = @_;
+    open(my $fh, '<', probe_dir() . "/$tag.order") or return ();
+    return map { [split ' '] } <$fh>;
+}
+
+sub wait_until {
+    my ($cond, $secs) = @_;
+    my $end = time + ($secs // 10);
+    while (time < $end) {
+        return 1 if $cond->();
+        sleep 0.02;
+    }
+    return $cond->() ? 1 : 0;
+}
+
+sub server_pid {
+    my $file = Apache::Test::vars('t_pid_file');
+    open(my $fh, '<', $file) or die "$file: $!";
+    my $pid = <$fh>;
+    chomp $pid;
+    return $pid;
+}
+
+# $clients clients each request $path in a loop for $secs seconds; returns
+# every status seen (0 for a failed connection).
+sub load_loop {
+    my ($path, $clients, $secs) = @_;
+    $bg_dir //= tempdir(CLEANUP => 1);
+    my @pids;
+    for my $c (1 .. $clients) {
+        my $pid = fork // die "fork: $!";
+        if (!$pid) {
+            my $end = time + $secs;
+            my @st;
+            while (time < $end) {
+                my $r = eval { http_get($path) } || { status => 0 };
+                push @st, $r->{status};
+            }
+            store(\@st, "$bg_dir/$$");
+            require POSIX;
+            POSIX::_exit(0);
+        }
+        push @pids, $pid;
+    }
+    my @all;
+    for (@pids) {
+        waitpid($_, 0);
+        push @all, @{ retrieve("$bg_dir/$_") };
+    }
+    return @all;
+}
+
+# How many times the server has finished a (re)start, from its error log.
+sub restarts_seen {
+    open(my $fh, '<', Apache::Test::vars('t_logs') . '/error_log') or return 0;
+    return scalar grep { /resuming normal operations/ } <$fh>;
+}
+
+probe_dir() if Apache::Test::vars('t_logs') && -d Apache::Test::vars('t_logs');
+
+1;

@@ -1,0 +1,51 @@
+# A full queue answers 503 at once and a wait past the timeout answers 503,
+# both with Retry-After, through ErrorDocument 503, and logged.
+use strict;
+use warnings FATAL => 'all';
+use Apache::Test;
+use Apache::TestUtil;
+use lib 't/lib';
+use ThrottleT;
+use Time::HiRes qw(sleep);
+
+plan tests => 11, need_module 'cgi';
+
+my $log_file = Apache::Test::vars('t_logs') . '/throttle_log';
+my $log_start = -s $log_file || 0;
+
+# limit 1, queue 1: one runs, one waits, three are turned away at once.
+probe_reset('small');
+my $hold = bg_get('/small/probe.cgi?tag=small&sleep=1500&id=hold');
+wait_until(sub { (probe_count('small'))[0] == 1 }) or die 'holder never started';
+my @r = parallel_get(map { "/small/probe.cgi?tag=small&sleep=100&id=r$_" } 1 .. 4);
+my $held = bg_wait($hold);
+my @ok = grep { $_->{status} == 200 } @r;
+my @busy = grep { $_->{status} == 503 } @r;
+ok t_cmp($held->{status}, 200, 'holder ran');
+ok t_cmp(scalar(@ok) . ' ok, ' . scalar(@busy) . ' busy', '1 ok, 3 busy',
+         'one queued, three rejected');
+ok t_cmp(scalar(grep { $_->{secs} < 1.0 } @busy), 3, 'rejections are immediate');
+ok t_cmp(scalar(grep { ($_->{headers}{'retry-after'} // '') =~ /^[1-9]\d*$/ } @busy), 3,
+         'each 503 carries Retry-After >= 1');
+ok t_cmp(scalar(grep { $_->{body} =~ /custom 503 page: zone=small result=rejected-full/ }
+                @busy), 3, 'ErrorDocument 503 is used and sees the outcome');
+
+# Timeout: limit 1 held for 1.5 s, timeout 300ms, retry_after=7.
+probe_reset('tmo');
+$hold = bg_get('/tmo/probe.cgi?tag=tmo&sleep=1500&id=hold');
+wait_until(sub { (probe_count('tmo'))[0] == 1 }) or die 'holder never started';
+my $t = http_get('/tmo/probe.cgi?tag=tmo&id=late');
+bg_wait($hold);
+ok t_cmp($t->{status}, 503, 'waiting past the timeout gives 503');
+ok t_cmp($t->{secs} >= 0.25 && $t->{secs} < 1.2, 1, "after about 300ms ($t->{secs} s)");
+ok t_cmp($t->{headers}{'retry-after'}, 7, 'configured Retry-After');
+ok t_cmp($t->{body}, qr/result=rejected-timeout/, 'outcome rejected-timeout');
+ok t_cmp(scalar(grep { $_->[0] eq 'late' } probe_order('tmo')), 0,
+         'the timed-out request never ran');
+
+sleep 0.2; # the log line is written after the response
+open my $log, '<', $log_file or die;
+seek $log, $log_start, 0;
+my @lines = grep { /"GET \/small\/probe/ } <$log>;
+ok t_cmp(scalar(grep { /\s503 small rejected-full \d+$/ } @lines), 3,
+         'LogFormat %{THROTTLE_*}e records the rejections');

@@ -1,0 +1,153 @@
+/*
+ * Unit tests of ThrottleZone argument parsing: accepted inputs give the
+ * documented values and defaults; refused ones give a message naming the
+ * offending key and value.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <apr_general.h>
+#include <apr_strings.h>
+#include <string.h>
+
+#include "at_parse.h"
+
+static apr_pool_t *pool;
+
+static const char *parse_line(const char *line, at_zone_conf_t *c)
+{
+    char *copy = apr_pstrdup(pool, line), *last, *w;
+    const char *argv[16];
+    int argc = 0;
+
+    for (w = apr_strtok(copy, " ", &last); w && argc < 16;
+         w = apr_strtok(NULL, " ", &last)) {
+        argv[argc++] = w;
+    }
+    return at_parse_zone_args(pool, argc, argv, c);
+}
+
+static void test_defaults(void **state)
+{
+    at_zone_conf_t c;
+    (void)state;
+
+    assert_null(parse_line("limit=4", &c));
+    assert_int_equal(c.limit, 4);
+    assert_int_equal(c.queue, 40);
+    assert_int_equal(c.timeout_us, 4000000);
+    assert_int_equal(c.retry_after, AT_RETRY_AFTER_AUTO);
+
+    assert_null(parse_line("limit=100000", &c));
+    assert_int_equal(c.queue, AT_QUEUE_MAX); /* 10 x limit, capped */
+}
+
+static void test_accepted(void **state)
+{
+    at_zone_conf_t c;
+    (void)state;
+
+    assert_null(parse_line("timeout=500ms queue=0 limit=2 retry_after=7", &c));
+    assert_int_equal(c.limit, 2);
+    assert_int_equal(c.queue, 0);
+    assert_int_equal(c.timeout_us, 500000);
+    assert_int_equal(c.retry_after, 7);
+
+    assert_null(parse_line("limit=1 timeout=1m retry_after=auto", &c));
+    assert_int_equal(c.timeout_us, 60000000);
+    assert_null(parse_line("limit=1 timeout=3", &c));
+    assert_int_equal(c.timeout_us, 3000000);
+    assert_null(parse_line("limit=1 timeout=1h", &c));
+    assert_int_equal(c.timeout_us, APR_INT64_C(3600000000));
+    assert_null(parse_line("limit=1 timeout=1ms", &c));
+    assert_int_equal(c.timeout_us, 1000);
+    assert_null(parse_line("limit=007", &c));
+    assert_int_equal(c.limit, 7);
+}
+
+static void test_refused(void **state)
+{
+    static const struct {
+        const char *line;
+        const char *must_mention;
+    } bad[] = {
+        {"", "limit"},
+        {"queue=4", "limit"},
+        {"limit=0", "0"},
+        {"limit=-1", "-1"},
+        {"limit=abc", "abc"},
+        {"limit=1.5", "1.5"},
+        {"limit=auto", "auto"},
+        {"limit=100001", "100001"},
+        {"limit=99999999999999999999999", "99999999999999999999999"},
+        {"limit=4x", "4x"},
+        {"limit= ", "limit"},
+        {"limit=", "limit"},
+        {"limit", "limit"},
+        {"=3", "=3"},
+        {"limit=1 limit=2", "twice"},
+        {"limit=1 queue=-1", "-1"},
+        {"limit=1 queue=100001", "100001"},
+        {"limit=1 queue=ten", "ten"},
+        {"limit=1 timeout=0", "0"},
+        {"limit=1 timeout=0ms", "0ms"},
+        {"limit=1 timeout=5x", "5x"},
+        {"limit=1 timeout=ms", "ms"},
+        {"limit=1 timeout=2h", "2h"},
+        {"limit=1 timeout=-1s", "-1s"},
+        {"limit=1 timeout=1.5s", "1.5s"},
+        {"limit=1 timeout=99999999999999999999s", "99999999999999999999s"},
+        {"limit=1 retry_after=0", "0"},
+        {"limit=1 retry_after=abc", "abc"},
+        {"limit=1 retry_after=86401", "86401"},
+        {"limit=1 foo=1", "foo"},
+        {"limit=1 Limit=2", "Limit"},
+    };
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        at_zone_conf_t c;
+        const char *err = parse_line(bad[i].line, &c);
+
+        if (!err || !strstr(err, bad[i].must_mention)) {
+            fail_msg("'%s' gave %s", bad[i].line, err ? err : "no error");
+        }
+    }
+}
+
+static void test_zone_names(void **state)
+{
+    (void)state;
+    assert_null(at_parse_zone_name(pool, "web_1-x"));
+    assert_null(at_parse_zone_name(pool, "A"));
+    assert_non_null(at_parse_zone_name(pool, ""));
+    assert_non_null(at_parse_zone_name(pool, "off"));
+    assert_non_null(at_parse_zone_name(pool, "OFF"));
+    assert_non_null(at_parse_zone_name(pool, "a b"));
+    assert_non_null(at_parse_zone_name(pool, "a/b"));
+    assert_non_null(at_parse_zone_name(pool, "caf\xc3\xa9"));
+    assert_non_null(at_parse_zone_name(
+        pool, "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghi")); /* 49 */
+    assert_null(at_parse_zone_name(
+        pool, "abcdefghijabcdefghijabcdefghijabcdefghijabcdefgh")); /* 48 */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_accepted),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_zone_names),
+    };
+    int rc;
+
+    apr_initialize();
+    apr_pool_create(&pool, NULL);
+    rc = cmocka_run_group_tests_name("parse", tests, NULL, NULL);
+    apr_terminate();
+    return rc;
+}

@@ -1,0 +1,435 @@
+/*
+ * Unit tests of the zone core: accounting, FIFO hand-off, timeouts, aborts,
+ * reclaim of dead processes and recovery of a lock whose holder died.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "at_zone.h"
+#include "zone_test_util.h"
+
+#define MS 1000
+
+static apr_uint32_t queued_now(at_zone_t *z)
+{
+    at_zone_stats_t s;
+
+    at_zone_stats(z, &s);
+    return s.queued;
+}
+
+static apr_uint32_t active_now(at_zone_t *z)
+{
+    at_zone_stats_t s;
+
+    at_zone_stats(z, &s);
+    return s.active;
+}
+
+static void wait_until_queued(at_zone_t *z, apr_uint32_t n)
+{
+    for (int i = 0; i < 5000 && queued_now(z) != n; i++) {
+        usleep(1000);
+    }
+    assert_int_equal(queued_now(z), n);
+}
+
+static void test_slot_accounting(void **state)
+{
+    at_zone_t *z = zone_new(3, 0, 100 * MS);
+    at_ticket_t t[4];
+    at_zone_stats_t s;
+    (void)state;
+
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(at_zone_acquire(z, &t[i], NULL, NULL), AT_ADMITTED);
+        assert_int_equal(active_now(z), i + 1);
+    }
+    assert_int_equal(at_zone_acquire(z, &t[3], NULL, NULL), AT_REJECTED_FULL);
+    assert_true(at_zone_release(z, &t[1]) >= 0);
+    assert_int_equal(at_zone_release(z, &t[1]), -1); /* twice: no effect */
+    assert_int_equal(active_now(z), 2);
+    assert_int_equal(at_zone_acquire(z, &t[3], NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t[0]);
+    at_zone_release(z, &t[2]);
+    at_zone_release(z, &t[3]);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.active, 0);
+    assert_int_equal(s.admitted, 4);
+    assert_int_equal(s.rejected_full, 1);
+    zone_free(z);
+}
+
+typedef struct {
+    at_zone_t *z;
+    int id;
+    at_result_t result;
+    apr_int64_t wait_us;
+    apr_int64_t hold_us;
+    int *order;
+    int *next;
+    volatile int *abort_flag;
+} waiter_arg_t;
+
+static int abort_when_flag(void *ctx)
+{
+    return *(volatile int *)ctx;
+}
+
+static void *waiter_thread(void *p)
+{
+    waiter_arg_t *a = p;
+    at_ticket_t t;
+
+    a->result = at_zone_acquire(a->z, &t, a->abort_flag ? abort_when_flag : NULL,
+                                (void *)a->abort_flag);
+    a->wait_us = t.wait_us;
+    if (a->result == AT_ADMITTED || a->result == AT_QUEUED) {
+        if (a->order) {
+            a->order[__atomic_fetch_add(a->next, 1, __ATOMIC_SEQ_CST)] = a->id;
+        }
+        if (a->hold_us) {
+            usleep((useconds_t)a->hold_us);
+        }
+        at_zone_release(a->z, &t);
+    }
+    return NULL;
+}
+
+static void test_fifo_order(void **state)
+{
+    enum { N = 8 };
+    at_zone_t *z = zone_new(1, N, 5000 * MS);
+    pthread_t th[N];
+    waiter_arg_t a[N];
+    int order[N], next = 0;
+    at_ticket_t hold;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    for (int i = 0; i < N; i++) {
+        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 1 * MS, order, &next, NULL};
+        pthread_create(&th[i], NULL, waiter_thread, &a[i]);
+        wait_until_queued(z, (apr_uint32_t)i + 1); /* enqueue in a known order */
+    }
+    at_zone_release(z, &hold);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_QUEUED);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(order[i], i);
+    }
+    assert_int_equal(active_now(z), 0);
+    assert_int_equal(queued_now(z), 0);
+    zone_free(z);
+}
+
+/* A released slot belongs to the oldest waiter: a newcomer cannot take it. */
+static void test_no_barging(void **state)
+{
+    at_zone_t *z = zone_new(1, 1, 50 * MS);
+    at_ticket_t hold, late;
+    pthread_t th;
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 300 * MS, NULL, NULL, NULL};
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    at_zone_release(z, &hold);
+    assert_int_equal(at_zone_acquire(z, &late, NULL, NULL), AT_REJECTED_TIMEOUT);
+    pthread_join(th, NULL);
+    assert_int_equal(a.result, AT_QUEUED);
+    zone_free(z);
+}
+
+static void test_queue_full_rejects_at_once(void **state)
+{
+    at_zone_t *z = zone_new(1, 2, 2000 * MS);
+    at_ticket_t hold, t;
+    pthread_t th[2];
+    waiter_arg_t a[2];
+    apr_int64_t t0;
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    for (int i = 0; i < 2; i++) {
+        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 0, NULL, NULL, NULL};
+        pthread_create(&th[i], NULL, waiter_thread, &a[i]);
+        wait_until_queued(z, (apr_uint32_t)i + 1);
+    }
+    t0 = at_now_us();
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_FULL);
+    assert_true(at_now_us() - t0 < 20 * MS);
+    at_zone_release(z, &hold);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_QUEUED);
+    }
+    at_zone_stats(z, &s);
+    assert_int_equal(s.rejected_full, 1);
+    assert_int_equal(s.queued_total, 2);
+    assert_int_equal(s.admitted, 3);
+    zone_free(z);
+}
+
+static void test_timeout(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, 120 * MS);
+    at_ticket_t hold, t;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_TIMEOUT);
+    assert_true(t.wait_us >= 120 * MS);
+    assert_true(t.wait_us < 1000 * MS);
+    assert_int_equal(queued_now(z), 0);
+    at_zone_release(z, &hold);
+    zone_free(z);
+}
+
+static void test_abort_leaves_queue(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, 5000 * MS);
+    at_ticket_t hold;
+    volatile int flag = 0;
+    pthread_t th;
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, &flag};
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    flag = 1;
+    pthread_join(th, NULL);
+    assert_int_equal(a.result, AT_ABORTED);
+    assert_true(a.wait_us < 200 * MS); /* one wait slice, not the timeout */
+    at_zone_stats(z, &s);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.aborted, 1);
+    at_zone_release(z, &hold);
+    assert_int_equal(active_now(z), 0);
+    zone_free(z);
+}
+
+/* Fork a child that takes a slot and exits without giving it back. */
+static pid_t child_holding_slot(at_zone_t *z)
+{
+    int fd[2];
+    char c;
+    pid_t pid;
+
+    assert_int_equal(pipe(fd), 0);
+    pid = fork();
+    if (pid == 0) {
+        at_ticket_t t;
+        c = at_zone_acquire(z, &t, NULL, NULL) == AT_ADMITTED ? 'y' : 'n';
+        if (write(fd[1], &c, 1) != 1) {
+            _exit(2);
+        }
+        _exit(0);
+    }
+    assert_int_equal(read(fd[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
+    close(fd[0]);
+    close(fd[1]);
+    return pid;
+}
+
+static void test_reclaim_zombie_holder(void **state)
+{
+    at_zone_t *z = zone_new(2, 0, 100 * MS);
+    pid_t pid = child_holding_slot(z);
+    at_zone_stats_t s;
+    (void)state;
+
+    usleep(50 * MS); /* exited, not yet reaped: a zombie that answers kill(pid, 0) */
+    assert_int_equal(kill(pid, 0), 0);
+    assert_int_equal(active_now(z), 1);
+    assert_int_equal(at_zone_reclaim(z), 1);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.active, 0);
+    assert_int_equal(s.reclaimed, 1);
+    waitpid(pid, NULL, 0);
+    zone_free(z);
+}
+
+static void test_reclaim_reaped_holder_on_full_acquire(void **state)
+{
+    at_zone_t *z = zone_new(1, 0, 100 * MS);
+    pid_t pid = child_holding_slot(z);
+    at_ticket_t t;
+    (void)state;
+
+    waitpid(pid, NULL, 0);
+    /* The zone looks full, but its only holder is dead: acquire reclaims. */
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t);
+    zone_free(z);
+}
+
+static void *kill_later(void *p)
+{
+    usleep(50 * MS);
+    kill(*(pid_t *)p, SIGKILL);
+    return NULL;
+}
+
+/* A waiter notices a dead holder within a reclaim interval. */
+static void test_waiter_reclaims(void **state)
+{
+    at_zone_t *z = zone_new(1, 1, 3000 * MS);
+    at_ticket_t t;
+    pthread_t th;
+    pid_t pid = fork();
+    (void)state;
+
+    if (pid == 0) {
+        at_ticket_t mine;
+        at_zone_acquire(z, &mine, NULL, NULL);
+        pause();
+        _exit(0);
+    }
+    while (active_now(z) != 1) {
+        usleep(1000);
+    }
+    at_zone_reclaim(z); /* the child is alive; this makes the next reclaim not due */
+    assert_int_equal(active_now(z), 1);
+    pthread_create(&th, NULL, kill_later, &pid);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_QUEUED);
+    assert_true(t.wait_us < AT_RECLAIM_INTERVAL_US + 200 * MS);
+    pthread_join(th, NULL);
+    at_zone_release(z, &t);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(active_now(z), 0);
+    zone_free(z);
+}
+
+static void test_reclaim_dead_waiter(void **state)
+{
+    at_zone_t *z = zone_new(1, 2, 10000 * MS);
+    at_ticket_t hold;
+    at_zone_stats_t s;
+    pid_t pid;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pid = fork();
+    if (pid == 0) {
+        at_ticket_t t;
+        at_zone_acquire(z, &t, NULL, NULL);
+        _exit(0);
+    }
+    wait_until_queued(z, 1);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(at_zone_reclaim(z), 1);
+    assert_int_equal(queued_now(z), 0);
+    at_zone_release(z, &hold);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.active, 0); /* the slot was not handed to the dead */
+    zone_free(z);
+}
+
+static void test_lock_holder_dies(void **state)
+{
+    at_zone_t *z = zone_new(2, 2, 100 * MS);
+    at_ticket_t t;
+    at_zone_stats_t s;
+    pid_t pid = child_holding_slot(z);
+    (void)state;
+
+    waitpid(pid, NULL, 0);
+    pid = fork();
+    if (pid == 0) {
+        at_zone_debug_take_lock(z);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.lock_repairs, 1);
+    assert_int_equal(s.active, 2); /* recount from records: dead holder + us */
+    at_zone_release(z, &t);
+    assert_int_equal(at_zone_reclaim(z), 1);
+    assert_int_equal(active_now(z), 0);
+    zone_free(z);
+}
+
+static void test_reconfigure_keeps_state(void **state)
+{
+    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO};
+    apr_size_t size = at_zone_size(4, 8);
+    at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_ticket_t hold;
+    pthread_t th;
+    waiter_arg_t a = {NULL, 0, AT_ERROR, 0, 0, NULL, NULL, NULL};
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_init(z, size, "grow", &c, 4, 8), APR_SUCCESS);
+    a.z = z;
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    c.limit = 2; /* raising the limit admits the waiter at once */
+    assert_int_equal(at_zone_reconfigure(z, &c), APR_SUCCESS);
+    pthread_join(th, NULL);
+    assert_int_equal(a.result, AT_QUEUED);
+    c.limit = 5; /* beyond the headroom: refused, the caller lays out anew */
+    assert_false(at_zone_can_hold(z, &c));
+    assert_int_equal(at_zone_reconfigure(z, &c), APR_EINVAL);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.limit, 2);
+    assert_int_equal(s.active, 1);
+    at_zone_release(z, &hold);
+    munmap(z, size);
+}
+
+static void test_retry_after(void **state)
+{
+    at_zone_conf_t c = {2, 4, 1000 * MS, 7};
+    at_zone_t *z = zone_new(2, 4, 1000 * MS);
+    (void)state;
+
+    assert_int_equal(at_zone_retry_after(z), 1); /* auto, nothing measured yet */
+    at_zone_reconfigure(z, &c);
+    assert_int_equal(at_zone_retry_after(z), 7);
+    zone_free(z);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slot_accounting),
+        cmocka_unit_test(test_fifo_order),
+        cmocka_unit_test(test_no_barging),
+        cmocka_unit_test(test_queue_full_rejects_at_once),
+        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_abort_leaves_queue),
+        cmocka_unit_test(test_reclaim_zombie_holder),
+        cmocka_unit_test(test_reclaim_reaped_holder_on_full_acquire),
+        cmocka_unit_test(test_waiter_reclaims),
+        cmocka_unit_test(test_reclaim_dead_waiter),
+        cmocka_unit_test(test_lock_holder_dies),
+        cmocka_unit_test(test_reconfigure_keeps_state),
+        cmocka_unit_test(test_retry_after),
+    };
+
+    return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
+}
