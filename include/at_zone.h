@@ -38,6 +38,7 @@ typedef struct {
     apr_uint64_t aborted, reclaimed, lock_repairs;
     apr_uint64_t service_ewma_us;
     apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
+    apr_int32_t oldest_pid; /* the process running it */
 } at_zone_stats_t;
 
 /* Called while a request waits; return non-zero when it should give up. */

@@ -706,8 +706,9 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->service_ewma_us = z->service_ewma_us;
     for (i = 0; i < z->nslots; i++) {
         at_slot_t *s = &slots(z)[i];
-        if (s->owner.pid != 0 && now - s->since_us > oldest) {
+        if (s->owner.pid != 0 && now - s->since_us >= oldest) {
             oldest = now - s->since_us;
+            o->oldest_pid = s->owner.pid;
         }
     }
     o->oldest_us = oldest;

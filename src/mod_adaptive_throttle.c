@@ -326,6 +326,27 @@ static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
     return apr_shm_baseaddr_get(shm);
 }
 
+/* Waiters hold workers: a zone whose running and waiting requests can take
+ * every worker would leave none for static files. */
+static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
+{
+    int daemons = 0, threads = 0;
+    apr_uint64_t workers, need = (apr_uint64_t)ref->conf.limit + ref->conf.queue;
+
+    if (ap_mpm_query(AP_MPMQ_MAX_DAEMONS, &daemons) != APR_SUCCESS
+        || ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads) != APR_SUCCESS || daemons <= 0) {
+        return;
+    }
+    workers = (apr_uint64_t)daemons * (threads > 0 ? (apr_uint64_t)threads : 1);
+    if (need >= workers) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "zone %s: limit + queue (%"
+                     APR_UINT64_T_FMT ") >= MaxRequestWorkers (%" APR_UINT64_T_FMT
+                     "): waiting requests can take every worker and other requests "
+                     "would wait for one; lower queue= or raise MaxRequestWorkers",
+                     ref->name, need, workers);
+    }
+}
+
 static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                                 apr_pool_t *ptemp, server_rec *s)
 {
@@ -364,6 +385,7 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                          APR_HASH_KEY_STRING, z);
         }
         ref->zone = z;
+        warn_if_workers_short(s, ref);
     }
     return OK;
 }
@@ -619,9 +641,10 @@ static void print_zone(request_rec *r, zone_ref_t *ref)
                ref->name, s.admitted, ref->name, s.queued_total, ref->name,
                s.rejected_full, ref->name, s.rejected_timeout, ref->name, s.aborted,
                ref->name, s.reclaimed, ref->name, s.lock_repairs);
-    ap_rprintf(r, "%s.ServiceEwmaMs: %.1f\n%s.OldestRunningMs: %" APR_INT64_T_FMT "\n",
-               ref->name, (double)s.service_ewma_us / 1000.0, ref->name,
-               s.oldest_us / 1000);
+    ap_rprintf(r, "%s.ServiceEwmaMs: %.1f\n%s.OldestRunningMs: %" APR_INT64_T_FMT
+               "\n%s.OldestRunningPid: %d\n", ref->name,
+               (double)s.service_ewma_us / 1000.0, ref->name, s.oldest_us / 1000,
+               ref->name, (int)s.oldest_pid);
 }
 
 static int sort_by_name(const void *a, const void *b)

@@ -9,7 +9,7 @@ use ThrottleT;
 use IO::Socket::INET;
 use Time::HiRes qw(time sleep);
 
-plan tests => 5, need_module 'cgi';
+plan tests => 5, need_cgi;
 
 sub open_request {
     my ($path) = @_;

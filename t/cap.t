@@ -8,7 +8,7 @@ use Apache::TestUtil;
 use lib 't/lib';
 use ThrottleT;
 
-plan tests => 6, need_module 'cgi';
+plan tests => 6, need_cgi;
 
 probe_reset('cap');
 my @r = parallel_get(map { "/cap/probe.cgi?tag=cap&sleep=300&id=c$_" } 1 .. 12);

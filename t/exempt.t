@@ -8,7 +8,7 @@ use Apache::TestUtil;
 use lib 't/lib';
 use ThrottleT;
 
-plan tests => 10, need_module 'cgi';
+plan tests => 10, need_cgi;
 
 probe_reset('h');
 my $hold = bg_get('/addh/probe.cgi?tag=h&sleep=1500&id=hold');

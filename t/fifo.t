@@ -6,7 +6,7 @@ use Apache::TestUtil;
 use lib 't/lib';
 use ThrottleT;
 
-plan tests => 3, need_module 'cgi';
+plan tests => 3, need_cgi;
 
 probe_reset('fifo');
 my $hold = bg_get('/fifo/probe.cgi?tag=fifo&sleep=800&id=hold');

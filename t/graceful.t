@@ -9,7 +9,7 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(time sleep);
 
-plan tests => 6, need_module 'cgi';
+plan tests => 6, need_cgi;
 
 sub graceful {
     my $before = restarts_seen();

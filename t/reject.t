@@ -8,7 +8,7 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(sleep);
 
-plan tests => 11, need_module 'cgi';
+plan tests => 11, need_cgi;
 
 my $log_file = Apache::Test::vars('t_logs') . '/throttle_log';
 my $log_start = -s $log_file || 0;
