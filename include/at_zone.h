@@ -10,6 +10,7 @@
 #define AT_ZONE_H
 
 #include <apr.h>
+#include "at_hist.h"
 #include "at_parse.h"
 
 typedef struct at_zone at_zone_t;
@@ -20,23 +21,32 @@ typedef enum {
     AT_REJECTED_FULL,     /* queue full */
     AT_REJECTED_TIMEOUT,  /* waited for timeout_us */
     AT_ABORTED,           /* the abort callback said the client left */
-    AT_ERROR              /* the shared lock is unusable: caller fails open */
+    AT_ERROR,             /* the shared lock is unusable: caller fails open */
+    AT_DRY_RUN_QUEUED,    /* dry run: would have waited; runs now, no slot */
+    AT_DRY_RUN_REJECTED   /* dry run: would have got 503; runs now, no slot */
 } at_result_t;
 
 typedef struct {
     apr_int32_t slot;
+    apr_int32_t over_cap;   /* dry run: running without a slot */
     apr_uint64_t ticket;
     apr_int64_t granted_us; /* monotonic */
     apr_int64_t wait_us;
+    apr_uint32_t queue_depth; /* waiters ahead on arrival */
 } at_ticket_t;
 
 typedef struct {
     apr_uint32_t limit, queue_cap, nslots, nwaiters;
-    apr_uint32_t active, queued;
+    apr_uint32_t active, queued, over_cap;
     apr_int64_t timeout_us;
+    apr_uint32_t retry_after;
+    int dry_run;
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t aborted, reclaimed, lock_repairs;
+    apr_uint64_t rejected_predicted, aborted, reclaimed, lock_repairs;
+    apr_uint64_t dry_run_queued, dry_run_rejected;
     apr_uint64_t service_ewma_us;
+    at_hist_t wait_all, service_all;       /* since the zone was created */
+    at_hist_t wait_recent, service_recent; /* the last 60 to 120 s */
     apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
     apr_int32_t oldest_pid; /* the process running it */
 } at_zone_stats_t;
@@ -52,6 +62,8 @@ void at_set_logger(at_log_fn fn);
  * how often a zone checks its owners for dead processes. */
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
+/* Recent percentiles cover the current and the previous window. */
+#define AT_WINDOW_US (60 * APR_INT64_C(1000000))
 
 apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters);
 

@@ -143,6 +143,20 @@ static const char *parse_retry_after(apr_pool_t *p, const char *v,
     return err;
 }
 
+static const char *parse_dry_run(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    if (strcasecmp(v, "on") == 0) {
+        c->dry_run = 1;
+    }
+    else if (strcasecmp(v, "off") == 0) {
+        c->dry_run = 0;
+    }
+    else {
+        return apr_psprintf(p, "'%s' is neither on nor off", v);
+    }
+    return NULL;
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -151,14 +165,17 @@ static const struct {
     {"queue", parse_queue},
     {"timeout", parse_timeout},
     {"retry_after", parse_retry_after},
+    {"dry_run", parse_dry_run},
 };
+
+#define KEY_LIST "limit, queue, timeout, retry_after, dry_run"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
 const char *at_parse_zone_args(apr_pool_t *p, int argc,
                                const char *const *argv, at_zone_conf_t *out)
 {
-    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO};
+    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0};
     int seen[NKEYS] = {0};
     int i;
     size_t k;
@@ -168,8 +185,8 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
         const char *key, *err;
 
         if (!eq || eq == argv[i]) {
-            return apr_psprintf(p, "'%s' is not of the form key=value "
-                                "(keys: limit, queue, timeout, retry_after)", argv[i]);
+            return apr_psprintf(p, "'%s' is not of the form key=value (keys: "
+                                KEY_LIST ")", argv[i]);
         }
         key = apr_pstrmemdup(p, argv[i], (apr_size_t)(eq - argv[i]));
         for (k = 0; k < NKEYS; k++) {
@@ -178,8 +195,8 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
             }
         }
         if (k == NKEYS) {
-            return apr_psprintf(p, "unknown key '%s' in '%s' (keys: limit, queue, "
-                                "timeout, retry_after)", key, argv[i]);
+            return apr_psprintf(p, "unknown key '%s' in '%s' (keys: " KEY_LIST ")",
+                                key, argv[i]);
         }
         if (seen[k]++) {
             return apr_psprintf(p, "key '%s' is given twice", key);

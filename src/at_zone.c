@@ -56,6 +56,7 @@ struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;
     apr_uint32_t limit, queue_cap, retry_after;
+    apr_int32_t dry_run;
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
     pthread_mutex_t lock;
@@ -67,7 +68,14 @@ struct at_zone {
     apr_uint64_t service_ewma_us;
 
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t aborted, reclaimed, lock_repairs;
+    apr_uint64_t rejected_predicted, aborted, reclaimed, lock_repairs;
+    apr_uint64_t dry_run_queued, dry_run_rejected;
+    apr_uint32_t over_cap;
+
+    at_hist_t wait_all, service_all;
+    at_hist_t wait_win[2], service_win[2];
+    apr_int64_t win_start_us;
+    apr_int32_t win_cur;
 
     apr_size_t slots_off, waiters_off;
 };
@@ -358,6 +366,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->queue_cap = c->queue;
     z->timeout_us = c->timeout_us;
     z->retry_after = c->retry_after;
+    z->dry_run = c->dry_run;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -528,12 +537,65 @@ static int reclaim_due(at_zone_t *z, apr_int64_t now)
 
 /* ---- acquire and release --------------------------------------------- */
 
+/* Two windows of AT_WINDOW_US: recent percentiles read both, so they always
+ * cover between one and two windows of history. Lock held. */
+static void rotate_windows(at_zone_t *z, apr_int64_t now)
+{
+    apr_int64_t age = now - z->win_start_us;
+
+    if (age < AT_WINDOW_US) {
+        return;
+    }
+    if (age >= 2 * AT_WINDOW_US) {
+        memset(z->wait_win, 0, sizeof(z->wait_win));
+        memset(z->service_win, 0, sizeof(z->service_win));
+    }
+    else {
+        z->win_cur ^= 1;
+        memset(&z->wait_win[z->win_cur], 0, sizeof(at_hist_t));
+        memset(&z->service_win[z->win_cur], 0, sizeof(at_hist_t));
+    }
+    z->win_start_us = now;
+}
+
+static void record_wait(at_zone_t *z, apr_int64_t us, apr_int64_t now)
+{
+    rotate_windows(z, now);
+    at_hist_add(&z->wait_all, us);
+    at_hist_add(&z->wait_win[z->win_cur], us);
+}
+
+static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
+{
+    rotate_windows(z, now);
+    at_hist_add(&z->service_all, us);
+    at_hist_add(&z->service_win[z->win_cur], us);
+    z->service_ewma_us = z->service_ewma_us
+                             ? (z->service_ewma_us * 7 + (apr_uint64_t)us) / 8
+                             : (apr_uint64_t)us;
+}
+
 static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
                       apr_int64_t now)
 {
     t->slot = slot_take(z, self, t->ticket, now);
     t->granted_us = now;
     z->admitted++;
+    record_wait(z, 0, now);
+}
+
+/* Dry run: the request runs at once, over the cap. Those running over the
+ * cap stand in for the queue: with the queue's room taken, it would have
+ * been refused. */
+static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t)
+{
+    t->over_cap = 1;
+    if (z->over_cap++ < z->queue_cap) {
+        z->dry_run_queued++;
+        return AT_DRY_RUN_QUEUED;
+    }
+    z->dry_run_rejected++;
+    return AT_DRY_RUN_REJECTED;
 }
 
 static int can_run_now(const at_zone_t *z)
@@ -561,6 +623,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             t->slot = w->slot;
             t->granted_us = now;
             z->admitted++;
+            record_wait(z, now - start, now);
             waiter_free(z, wi);
             zone_unlock(z);
             return AT_QUEUED;
@@ -615,11 +678,13 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
     at_result_t r;
 
     t->slot = NONE;
+    t->over_cap = 0;
     t->wait_us = 0;
     if (zone_lock(z) != 0) {
         return AT_ERROR;
     }
     t->ticket = ++z->next_ticket;
+    t->queue_depth = z->queued;
     if (!can_run_now(z) && z->active >= z->limit && reclaim_due(z, start)) {
         zone_unlock(z);
         at_zone_reclaim(z); /* a full zone may be full of the dead */
@@ -631,6 +696,11 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
         grant_now(z, t, self, start);
         zone_unlock(z);
         return AT_ADMITTED;
+    }
+    if (z->dry_run) {
+        r = run_over_cap(z, t);
+        zone_unlock(z);
+        return r;
     }
     if (z->queued >= z->queue_cap || z->free_waiter == NONE) {
         z->rejected_full++;
@@ -654,22 +724,27 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
 
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
-    apr_int64_t service = -1;
+    apr_int64_t service = -1, now;
     at_slot_t *s;
 
-    if (t->slot == NONE || zone_lock(z) != 0) {
+    if ((t->slot == NONE && !t->over_cap) || zone_lock(z) != 0) {
+        return -1;
+    }
+    if (t->over_cap) {
+        t->over_cap = 0;
+        z->over_cap--;
+        zone_unlock(z);
         return -1;
     }
     s = &slots(z)[t->slot];
     /* The ticket tells our grant from a later one after a reclaim. */
     if (s->owner.pid != 0 && s->ticket == t->ticket) {
-        service = at_now_us() - t->granted_us;
+        now = at_now_us();
+        service = now - t->granted_us;
         if (service < 0) {
             service = 0;
         }
-        z->service_ewma_us = z->service_ewma_us
-                                 ? (z->service_ewma_us * 7 + (apr_uint64_t)service) / 8
-                                 : (apr_uint64_t)service;
+        record_service(z, service, now);
         slot_put(z, t->slot);
         dispatch(z);
     }
@@ -695,15 +770,28 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->nwaiters = z->nwaiters - z->nslots;
     o->active = z->active;
     o->queued = z->queued;
+    o->over_cap = z->over_cap;
     o->timeout_us = z->timeout_us;
+    o->retry_after = z->retry_after;
+    o->dry_run = z->dry_run;
     o->admitted = z->admitted;
     o->queued_total = z->queued_total;
     o->rejected_full = z->rejected_full;
     o->rejected_timeout = z->rejected_timeout;
+    o->rejected_predicted = z->rejected_predicted;
     o->aborted = z->aborted;
     o->reclaimed = z->reclaimed;
     o->lock_repairs = z->lock_repairs;
+    o->dry_run_queued = z->dry_run_queued;
+    o->dry_run_rejected = z->dry_run_rejected;
     o->service_ewma_us = z->service_ewma_us;
+    o->wait_all = z->wait_all;
+    o->service_all = z->service_all;
+    rotate_windows(z, now);
+    o->wait_recent = z->wait_win[0];
+    at_hist_merge(&o->wait_recent, &z->wait_win[1]);
+    o->service_recent = z->service_win[0];
+    at_hist_merge(&o->service_recent, &z->service_win[1]);
     for (i = 0; i < z->nslots; i++) {
         at_slot_t *s = &slots(z)[i];
         if (s->owner.pid != 0 && now - s->since_us >= oldest) {

@@ -22,29 +22,21 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include "mod_status.h"
+
 #include "at_parse.h"
 #include "at_zone.h"
+#include "mod_adaptive_throttle.h"
 
 #ifndef POLLRDHUP
 #define POLLRDHUP 0
 #endif
 
-#define MOD_VERSION "0.1.0"
 #define RETAINED_KEY "mod_adaptive_throttle-zones"
 #define RELEASE_FILTER "THROTTLE_RELEASE"
 
 module AP_MODULE_DECLARE_DATA adaptive_throttle_module;
 APLOG_USE_MODULE(adaptive_throttle);
-
-/* A zone name as the configuration knows it: every directive naming a zone
- * points at the same ref, and post_config attaches the shared zone to it. */
-typedef struct {
-    const char *name;
-    const char *defined_at; /* NULL until ThrottleZone NAME is read */
-    const char *first_use;
-    at_zone_conf_t conf;
-    at_zone_t *zone;
-} zone_ref_t;
 
 typedef struct {
     const char *pattern;
@@ -555,6 +547,8 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_FULL: return "rejected-full";
     case AT_REJECTED_TIMEOUT: return "rejected-timeout";
     case AT_ABORTED: return "aborted";
+    case AT_DRY_RUN_QUEUED:
+    case AT_DRY_RUN_REJECTED: return "dry-run";
     default: return "error";
     }
 }
@@ -595,12 +589,17 @@ static int throttle_handler(request_rec *r)
     res = at_zone_acquire(st->zone, &st->ticket, client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
-    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s after %" APR_INT64_T_FMT
-                  " us", ref->name, st->result, st->ticket.wait_us);
+    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s%s, waited %" APR_INT64_T_FMT
+                  " us, %u waiting ahead on arrival", ref->name, st->result,
+                  res == AT_DRY_RUN_QUEUED ? " (would have queued)"
+                  : res == AT_DRY_RUN_REJECTED ? " (would have been rejected: queue full)"
+                  : "", st->ticket.wait_us, st->ticket.queue_depth);
 
     switch (res) {
     case AT_ADMITTED:
     case AT_QUEUED:
+    case AT_DRY_RUN_QUEUED:
+    case AT_DRY_RUN_REJECTED:
         st->holding = 1;
         apr_pool_cleanup_register(r->pool, st, release_on_cleanup,
                                   apr_pool_cleanup_null);
@@ -622,68 +621,26 @@ static int throttle_handler(request_rec *r)
     }
 }
 
-/* ---- status ------------------------------------------------------------- */
-
-static void print_zone(request_rec *r, zone_ref_t *ref)
-{
-    at_zone_stats_t s;
-
-    at_zone_stats(ref->zone, &s);
-    ap_rprintf(r, "Zone: %s\n", ref->name);
-    ap_rprintf(r, "%s.Limit: %u\n%s.Active: %u\n%s.Queued: %u\n%s.QueueCapacity: %u\n",
-               ref->name, s.limit, ref->name, s.active, ref->name, s.queued,
-               ref->name, s.queue_cap);
-    ap_rprintf(r, "%s.TimeoutMs: %" APR_INT64_T_FMT "\n", ref->name, s.timeout_us / 1000);
-    ap_rprintf(r, "%s.Admitted: %" APR_UINT64_T_FMT "\n%s.QueuedTotal: %" APR_UINT64_T_FMT
-               "\n%s.RejectedFull: %" APR_UINT64_T_FMT "\n%s.RejectedTimeout: %"
-               APR_UINT64_T_FMT "\n%s.Aborted: %" APR_UINT64_T_FMT "\n%s.Reclaimed: %"
-               APR_UINT64_T_FMT "\n%s.LockRepairs: %" APR_UINT64_T_FMT "\n",
-               ref->name, s.admitted, ref->name, s.queued_total, ref->name,
-               s.rejected_full, ref->name, s.rejected_timeout, ref->name, s.aborted,
-               ref->name, s.reclaimed, ref->name, s.lock_repairs);
-    ap_rprintf(r, "%s.ServiceEwmaMs: %.1f\n%s.OldestRunningMs: %" APR_INT64_T_FMT
-               "\n%s.OldestRunningPid: %d\n", ref->name,
-               (double)s.service_ewma_us / 1000.0, ref->name, s.oldest_us / 1000,
-               ref->name, (int)s.oldest_pid);
-}
+/* ---- the zones, for the status page ----------------------------------- */
 
 static int sort_by_name(const void *a, const void *b)
 {
     return strcmp((*(zone_ref_t *const *)a)->name, (*(zone_ref_t *const *)b)->name);
 }
 
-/* Until the full status page exists: mod_status-style "Key: value" lines. */
-static int status_handler(request_rec *r)
+apr_array_header_t *at_configured_zones(apr_pool_t *p)
 {
-    apr_array_header_t *refs;
+    apr_array_header_t *refs = apr_array_make(p, 8, sizeof(zone_ref_t *));
     apr_hash_index_t *hi;
-    int i;
 
-    if (strcmp(r->handler, "throttle-status") != 0) {
-        return DECLINED;
-    }
-    if (r->method_number != M_GET) {
-        return HTTP_METHOD_NOT_ALLOWED;
-    }
-    ap_set_content_type(r, "text/plain; charset=utf-8");
-    apr_table_setn(r->headers_out, "Cache-Control", "no-store");
-    if (r->header_only) {
-        return OK;
-    }
-    ap_rprintf(r, "Version: %s\n", MOD_VERSION);
-    refs = apr_array_make(r->pool, 8, sizeof(zone_ref_t *));
-    for (hi = zone_refs ? apr_hash_first(r->pool, zone_refs) : NULL; hi;
-         hi = apr_hash_next(hi)) {
-        *(zone_ref_t **)apr_array_push(refs) = apr_hash_this_val(hi);
-    }
-    qsort(refs->elts, (size_t)refs->nelts, sizeof(zone_ref_t *), sort_by_name);
-    for (i = 0; i < refs->nelts; i++) {
-        zone_ref_t *ref = APR_ARRAY_IDX(refs, i, zone_ref_t *);
+    for (hi = zone_refs ? apr_hash_first(p, zone_refs) : NULL; hi; hi = apr_hash_next(hi)) {
+        zone_ref_t *ref = apr_hash_this_val(hi);
         if (ref->zone) {
-            print_zone(r, ref);
+            *(zone_ref_t **)apr_array_push(refs) = ref;
         }
     }
-    return OK;
+    qsort(refs->elts, (size_t)refs->nelts, sizeof(zone_ref_t *), sort_by_name);
+    return refs;
 }
 
 /* ---- registration ----------------------------------------------------------- */
@@ -691,7 +648,7 @@ static int status_handler(request_rec *r)
 static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
                       "ThrottleZone NAME limit=N [queue=N] [timeout=DURATION] "
-                      "[retry_after=SECONDS|auto]: a shared cap and queue"),
+                      "[retry_after=SECONDS|auto] [dry_run=on|off]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
@@ -713,7 +670,8 @@ static void throttle_register_hooks(apr_pool_t *p)
     ap_hook_monitor(throttle_monitor, NULL, NULL, APR_HOOK_MIDDLE);
     /* First among handlers: by now the final handler is known. */
     ap_hook_handler(throttle_handler, NULL, NULL, APR_HOOK_REALLY_FIRST);
-    ap_hook_handler(status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_handler(at_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    APR_OPTIONAL_HOOK(ap, status_hook, at_status_section, NULL, NULL, APR_HOOK_MIDDLE);
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);
 }

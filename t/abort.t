@@ -20,19 +20,19 @@ sub open_request {
 }
 
 probe_reset('abrt');
-my $before = status_auto()->{'abrt.Aborted'};
+my $before = status_auto()->{'Throttle.abrt.Aborted'};
 my $hold = bg_get('/abrt/probe.cgi?tag=abrt&sleep=1500&id=hold');
 wait_until(sub { (probe_count('abrt'))[0] == 1 }) or die 'holder never started';
 my $gone = open_request('/abrt/probe.cgi?tag=abrt&id=gone');
-wait_until(sub { status_auto()->{'abrt.Queued'} == 1 }) or die 'never queued';
+wait_until(sub { status_auto()->{'Throttle.abrt.Queued'} == 1 }) or die 'never queued';
 close $gone;
 my $t0 = time;
-wait_until(sub { status_auto()->{'abrt.Queued'} == 0 }, 3);
+wait_until(sub { status_auto()->{'Throttle.abrt.Queued'} == 0 }, 3);
 my $left = time - $t0;
 print STDERR sprintf("# abort.t: queued client left the queue %.0f ms after closing\n",
                      $left * 1000);
 ok t_cmp($left < 0.5, 1, sprintf('left the queue after %.0f ms', $left * 1000));
-ok t_cmp(status_auto()->{'abrt.Aborted'} - $before, 1, 'counted as aborted');
+ok t_cmp(status_auto()->{'Throttle.abrt.Aborted'} - $before, 1, 'counted as aborted');
 bg_wait($hold);
 ok t_cmp(scalar(grep { $_->[0] eq 'gone' } probe_order('abrt')), 0,
          'its handler never ran');
@@ -41,6 +41,6 @@ ok t_cmp(scalar(grep { $_->[0] eq 'gone' } probe_order('abrt')), 0,
 my $run = open_request('/abrt/probe.cgi?tag=abrt&sleep=500&id=run');
 wait_until(sub { (probe_count('abrt'))[0] == 1 }) or die 'never ran';
 close $run;
-ok t_cmp(wait_until(sub { status_auto()->{'abrt.Active'} == 0 }, 5), 1,
+ok t_cmp(wait_until(sub { status_auto()->{'Throttle.abrt.Active'} == 0 }, 5), 1,
          'slot released after a client left mid-request');
 ok t_cmp(http_get('/abrt/probe.cgi?tag=abrt&id=next')->{status}, 200, 'zone usable');

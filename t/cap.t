@@ -22,4 +22,4 @@ ok t_cmp(scalar(@queued) >= 6, 1, 'most waited in the queue with a wait time');
 ok t_cmp(scalar(grep { $_->{body} =~ /zone=cap result=(admitted|queued)/ } @r), 12,
          'THROTTLE_ZONE and THROTTLE_RESULT reach the CGI');
 my $s = status_auto();
-ok t_cmp("$s->{'cap.Active'}/$s->{'cap.Queued'}", '0/0', 'zone counts back to 0');
+ok t_cmp("$s->{'Throttle.cap.Active'}/$s->{'Throttle.cap.Queued'}", '0/0', 'zone counts back to 0');

@@ -25,6 +25,7 @@ my @bad = (
     ['ThrottleZone web limit=2 timeout=-1s',      qr/ThrottleZone web: .*timeout.*'-1s'/],
     ['ThrottleZone web limit=2 retry_after=0',    qr/ThrottleZone web: .*retry_after.*'0'/],
     ['ThrottleZone web limit=2 retry_after=soon', qr/ThrottleZone web: .*retry_after.*'soon'/],
+    ['ThrottleZone web limit=2 dry_run=maybe',    qr/ThrottleZone web: .*dry_run.*'maybe' is neither on nor off/],
     ['ThrottleZone web limit=2 bogus=1',          qr/ThrottleZone web: unknown key 'bogus'/],
     ['ThrottleZone web limit=2 limit=3',          qr/ThrottleZone web: key 'limit' is given twice/],
     ['ThrottleZone web limit=2 noequals',         qr/ThrottleZone web: 'noequals' is not of the form key=value/],

@@ -15,7 +15,7 @@ my @pids;
 for my $i (1 .. 8) {
     push @pids, bg_get("/fifo/probe.cgi?tag=fifo&sleep=50&id=w$i");
     # enqueue one at a time, so arrival order is known
-    wait_until(sub { (status_auto()->{'fifo.Queued'} // -1) == $i })
+    wait_until(sub { (status_auto()->{'Throttle.fifo.Queued'} // -1) == $i })
         or die "waiter $i never queued";
 }
 my @r = map { bg_wait($_) } $hold, @pids;

@@ -24,7 +24,7 @@ wait_until(sub { (probe_count('grace'))[0] == 1 }) or die 'holder never started'
 graceful();
 my $r = http_get('/grace/probe.cgi?tag=grace&id=after');
 ok t_cmp($r->{status}, 503, 'after graceful, the old generation still holds the slot');
-ok t_cmp(status_auto()->{'grace.Active'}, 1, 'active count kept');
+ok t_cmp(status_auto()->{'Throttle.grace.Active'}, 1, 'active count kept');
 ok t_cmp(bg_wait($hold)->{status}, 200, 'the request running across the restart finished');
 ok t_cmp(http_get('/grace/probe.cgi?tag=grace&id=later')->{status}, 200,
          'its slot came back to the new generation');

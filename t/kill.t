@@ -16,7 +16,7 @@ my ($row) = probe_order('killed');
 my $cgi_pid = $row->[1];
 # The process running the request (not the CGI's parent: under mod_cgid
 # that is the cgid daemon).
-my $httpd_pid = status_auto()->{'killed.OldestRunningPid'};
+my $httpd_pid = status_auto()->{'Throttle.killed.OldestRunningPid'};
 
 ok t_cmp(http_get('/killed/probe.cgi?tag=k2')->{status}, 503, 'zone is full');
 my $cmd = do { local (@ARGV, $/) = ("/proc/$httpd_pid/cmdline"); <> } // '';
@@ -40,5 +40,5 @@ ok t_cmp(defined $back && $back < 2, 1, 'slot back within 2 s');
 kill 'KILL', $cgi_pid; # the orphaned CGI would sleep on
 bg_wait($victim);
 my $s = status_auto();
-ok t_cmp($s->{'killed.Reclaimed'} >= 1, 1, 'counted as reclaimed');
-ok t_cmp($s->{'killed.Active'}, 0, 'nothing held any more');
+ok t_cmp($s->{'Throttle.killed.Reclaimed'} >= 1, 1, 'counted as reclaimed');
+ok t_cmp($s->{'Throttle.killed.Active'}, 0, 'nothing held any more');

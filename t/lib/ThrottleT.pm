@@ -82,7 +82,7 @@ sub parallel_get {
 }
 
 sub status_auto {
-    my $r = http_get('/throttle-status');
+    my $r = http_get('/throttle-status?auto');
     my %s;
     for (split /\n/, $r->{body}) {
         $s{$1} = $2 if /^([^:]+):\s*(.*)$/;

@@ -66,6 +66,11 @@ static void test_accepted(void **state)
     assert_int_equal(c.timeout_us, 1000);
     assert_null(parse_line("limit=007", &c));
     assert_int_equal(c.limit, 7);
+    assert_int_equal(c.dry_run, 0);
+    assert_null(parse_line("limit=1 dry_run=on", &c));
+    assert_int_equal(c.dry_run, 1);
+    assert_null(parse_line("limit=1 dry_run=OFF", &c));
+    assert_int_equal(c.dry_run, 0);
 }
 
 static void test_refused(void **state)
@@ -105,6 +110,8 @@ static void test_refused(void **state)
         {"limit=1 retry_after=86401", "86401"},
         {"limit=1 foo=1", "foo"},
         {"limit=1 Limit=2", "Limit"},
+        {"limit=1 dry_run=yes", "yes"},
+        {"limit=1 dry_run=1", "1"},
     };
     (void)state;
 

@@ -372,7 +372,7 @@ static void test_lock_holder_dies(void **state)
 
 static void test_reconfigure_keeps_state(void **state)
 {
-    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO};
+    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0};
     apr_size_t size = at_zone_size(4, 8);
     at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -403,13 +403,67 @@ static void test_reconfigure_keeps_state(void **state)
 
 static void test_retry_after(void **state)
 {
-    at_zone_conf_t c = {2, 4, 1000 * MS, 7};
+    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0};
     at_zone_t *z = zone_new(2, 4, 1000 * MS);
     (void)state;
 
     assert_int_equal(at_zone_retry_after(z), 1); /* auto, nothing measured yet */
     at_zone_reconfigure(z, &c);
     assert_int_equal(at_zone_retry_after(z), 7);
+    zone_free(z);
+}
+
+static void test_dry_run_never_refuses(void **state)
+{
+    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1};
+    at_zone_t *z = zone_new(1, 2, 100 * MS);
+    at_ticket_t t[5];
+    at_zone_stats_t s;
+    (void)state;
+
+    at_zone_reconfigure(z, &c);
+    assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire(z, &t[1], NULL, NULL), AT_DRY_RUN_QUEUED);
+    assert_int_equal(at_zone_acquire(z, &t[2], NULL, NULL), AT_DRY_RUN_QUEUED);
+    assert_int_equal(at_zone_acquire(z, &t[3], NULL, NULL), AT_DRY_RUN_REJECTED);
+    assert_int_equal(t[3].wait_us, 0); /* nobody waits in a dry run */
+    at_zone_stats(z, &s);
+    assert_int_equal(s.active, 1);
+    assert_int_equal(s.over_cap, 3);
+    assert_int_equal(s.queued, 0);
+    for (int i = 0; i < 4; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    at_zone_stats(z, &s);
+    assert_int_equal(s.active, 0);
+    assert_int_equal(s.over_cap, 0);
+    assert_int_equal(s.dry_run_queued, 2);
+    assert_int_equal(s.dry_run_rejected, 1);
+    assert_int_equal(s.rejected_full, 0);
+    zone_free(z);
+}
+
+static void test_latency_histograms(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, 5000 * MS);
+    at_ticket_t hold;
+    pthread_t th;
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, NULL};
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    usleep(30 * MS);
+    at_zone_release(z, &hold);
+    pthread_join(th, NULL);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.wait_all.n, 2);      /* one at once, one after waiting */
+    assert_int_equal(s.service_all.n, 2);
+    assert_int_equal(s.wait_recent.n, 2);
+    assert_true(at_hist_quantile(&s.wait_all, 1.0) >= 25 * MS);
+    assert_true(at_hist_quantile(&s.service_all, 1.0) >= 25 * MS);
     zone_free(z);
 }
 
@@ -429,6 +483,8 @@ int main(void)
         cmocka_unit_test(test_lock_holder_dies),
         cmocka_unit_test(test_reconfigure_keeps_state),
         cmocka_unit_test(test_retry_after),
+        cmocka_unit_test(test_dry_run_never_refuses),
+        cmocka_unit_test(test_latency_histograms),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);

@@ -11,7 +11,7 @@
 static inline at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_int64_t timeout_us)
 {
-    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO};
+    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO, 0};
     apr_uint32_t nslots = limit * 2 + 4, nwaiters = queue * 2 + 4;
     apr_size_t size = at_zone_size(nslots, nwaiters);
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,

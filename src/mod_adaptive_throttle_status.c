@@ -1,0 +1,376 @@
+/*
+ * The status page: SetHandler throttle-status (HTML, ?auto, ?json,
+ * ?prometheus) and a section in mod_status's server-status.
+ *
+ * Every format is written from one table of fields, so that a number shown
+ * in one format is shown, under its documented name, in all of them.
+ */
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_protocol.h"
+#include "http_request.h"
+#include "ap_mpm.h"
+#include "mod_status.h"
+
+#include "apr_strings.h"
+
+#include "at_hist.h"
+#include "at_zone.h"
+#include "mod_adaptive_throttle.h"
+
+typedef enum { GAUGE, COUNTER } kind_t;
+
+typedef struct {
+    const char *key;   /* ?auto and HTML: Throttle.<zone>.<key> */
+    const char *json;  /* JSON member of the zone object */
+    const char *prom;  /* Prometheus metric, without the prefix */
+    const char *label; /* extra Prometheus label, "name=\"value\"", or NULL */
+    kind_t kind;
+    const char *help;
+} field_t;
+
+enum {
+    F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
+    F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
+    F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_N,
+    F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
+    F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED,
+    F_ABORTED, F_RECLAIMED, F_LOCK_REPAIRS, F_DRY_QUEUED, F_DRY_REJECTED,
+    NFIELDS
+};
+
+/* Rows with the same Prometheus name are one metric family: keep them
+ * adjacent. prom NULL: not a Prometheus metric of its own (percentiles are
+ * derived from the histograms, which are exported whole). */
+static const field_t fields[NFIELDS] = {
+    {"Limit", "limit", "limit", NULL, GAUGE, "Requests of the zone allowed to run at once."},
+    {"LimitMin", "limit_min", "limit_min", NULL, GAUGE, "Lowest value the limit may take."},
+    {"LimitMax", "limit_max", "limit_max", NULL, GAUGE, "Highest value the limit may take."},
+    {"Active", "active", "active", NULL, GAUGE, "Requests running now, holding a slot."},
+    {"Queued", "queued", "queued", NULL, GAUGE, "Requests waiting for a slot now."},
+    {"QueueCapacity", "queue_capacity", "queue_capacity", NULL, GAUGE, "Requests allowed to wait."},
+    {"TimeoutMs", "timeout_ms", NULL, NULL, GAUGE, NULL},
+    {"DryRun", "dry_run", "dry_run", NULL, GAUGE, "1 if the zone only decides and counts (dry_run=on)."},
+    {"OverCap", "over_cap", "over_cap", NULL, GAUGE, "Dry run: requests running beyond the limit now."},
+    {"OldestRunningMs", "oldest_running_ms", NULL, NULL, GAUGE, NULL},
+    {"OldestRunningPid", "oldest_running_pid", NULL, NULL, GAUGE, NULL},
+    {"ServiceMeanMs", "service_mean_ms", NULL, NULL, GAUGE, NULL},
+    {"WaitP50Ms", "wait_p50_ms", NULL, NULL, GAUGE, NULL},
+    {"WaitP90Ms", "wait_p90_ms", NULL, NULL, GAUGE, NULL},
+    {"WaitP99Ms", "wait_p99_ms", NULL, NULL, GAUGE, NULL},
+    {"WaitSamples", "wait_samples", NULL, NULL, GAUGE, NULL},
+    {"ServiceP50Ms", "service_p50_ms", NULL, NULL, GAUGE, NULL},
+    {"ServiceP90Ms", "service_p90_ms", NULL, NULL, GAUGE, NULL},
+    {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL},
+    {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL},
+    {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting."},
+    {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot."},
+    {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason."},
+    {"RejectedTimeout", "rejected_timeout", "rejected_total", "reason=\"timeout\"", COUNTER, NULL},
+    {"RejectedPredicted", "rejected_predicted", "rejected_total", "reason=\"predicted\"", COUNTER, NULL},
+    {"Aborted", "aborted", "aborted_total", NULL, COUNTER, "Waiting requests whose client went away."},
+    {"Reclaimed", "reclaimed", "reclaimed_total", NULL, COUNTER, "Slots and queue places given back after their process died."},
+    {"LockRepairs", "lock_repairs", "lock_repairs_total", NULL, COUNTER, "Times the zone was rebuilt after a process died holding its lock."},
+    {"DryRunQueued", "dry_run_queued", "dry_run_total", "would=\"queue\"", COUNTER, "Dry run: requests that would have waited or been rejected."},
+    {"DryRunRejected", "dry_run_rejected", "dry_run_total", "would=\"reject\"", COUNTER, NULL},
+};
+
+typedef struct {
+    const char *name;
+    at_zone_stats_t s;
+    double v[NFIELDS];
+} zone_view_t;
+
+static double ms(apr_int64_t us)
+{
+    return (double)us / 1000.0;
+}
+
+static void fill_values(zone_view_t *z)
+{
+    const at_zone_stats_t *s = &z->s;
+    double *v = z->v;
+
+    v[F_LIMIT] = s->limit;
+    v[F_LIMIT_MIN] = s->limit; /* a fixed limit: until limit=auto exists */
+    v[F_LIMIT_MAX] = s->limit;
+    v[F_ACTIVE] = s->active;
+    v[F_QUEUED] = s->queued;
+    v[F_QUEUE_CAP] = s->queue_cap;
+    v[F_TIMEOUT] = ms(s->timeout_us);
+    v[F_DRY_RUN] = s->dry_run;
+    v[F_OVER_CAP] = s->over_cap;
+    v[F_OLDEST] = ms(s->oldest_us);
+    v[F_OLDEST_PID] = s->oldest_pid;
+    v[F_SERVICE_MEAN] = ms((apr_int64_t)s->service_ewma_us);
+    v[F_WAIT_P50] = ms(at_hist_quantile(&s->wait_recent, 0.50));
+    v[F_WAIT_P90] = ms(at_hist_quantile(&s->wait_recent, 0.90));
+    v[F_WAIT_P99] = ms(at_hist_quantile(&s->wait_recent, 0.99));
+    v[F_WAIT_N] = (double)s->wait_recent.n;
+    v[F_SERVICE_P50] = ms(at_hist_quantile(&s->service_recent, 0.50));
+    v[F_SERVICE_P90] = ms(at_hist_quantile(&s->service_recent, 0.90));
+    v[F_SERVICE_P99] = ms(at_hist_quantile(&s->service_recent, 0.99));
+    v[F_SERVICE_N] = (double)s->service_recent.n;
+    v[F_ADMITTED] = (double)s->admitted;
+    v[F_QUEUED_TOTAL] = (double)s->queued_total;
+    v[F_REJ_FULL] = (double)s->rejected_full;
+    v[F_REJ_TIMEOUT] = (double)s->rejected_timeout;
+    v[F_REJ_PREDICTED] = (double)s->rejected_predicted;
+    v[F_ABORTED] = (double)s->aborted;
+    v[F_RECLAIMED] = (double)s->reclaimed;
+    v[F_LOCK_REPAIRS] = (double)s->lock_repairs;
+    v[F_DRY_QUEUED] = (double)s->dry_run_queued;
+    v[F_DRY_REJECTED] = (double)s->dry_run_rejected;
+}
+
+static apr_array_header_t *zone_views(apr_pool_t *p)
+{
+    apr_array_header_t *refs = at_configured_zones(p);
+    apr_array_header_t *views = apr_array_make(p, refs->nelts, sizeof(zone_view_t));
+    int i;
+
+    for (i = 0; i < refs->nelts; i++) {
+        zone_ref_t *ref = APR_ARRAY_IDX(refs, i, zone_ref_t *);
+        zone_view_t *z = apr_array_push(views);
+
+        z->name = ref->name;
+        at_zone_stats(ref->zone, &z->s);
+        fill_values(z);
+    }
+    return views;
+}
+
+/* Integers print as integers (exact to 2^53), the rest with 3 decimals. */
+static const char *num(apr_pool_t *p, double v)
+{
+    if (v == (double)(apr_int64_t)v) {
+        return apr_psprintf(p, "%" APR_INT64_T_FMT, (apr_int64_t)v);
+    }
+    return apr_psprintf(p, "%.3f", v);
+}
+
+/* ---- ?auto: Key: value lines -------------------------------------------- */
+
+static void emit_auto(request_rec *r, apr_array_header_t *views)
+{
+    int i, f;
+
+    ap_rprintf(r, "ThrottleVersion: %s\n", AT_MODULE_VERSION);
+    ap_rprintf(r, "ThrottleMPM: %s\n", ap_show_mpm());
+    ap_rputs("ThrottleZones:", r);
+    for (i = 0; i < views->nelts; i++) {
+        ap_rprintf(r, " %s", APR_ARRAY_IDX(views, i, zone_view_t).name);
+    }
+    ap_rputs("\n", r);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        for (f = 0; f < NFIELDS; f++) {
+            ap_rprintf(r, "Throttle.%s.%s: %s\n", z->name, fields[f].key,
+                       num(r->pool, z->v[f]));
+        }
+    }
+}
+
+/* ---- ?json ------------------------------------------------------------------ */
+
+static void emit_json(request_rec *r, apr_array_header_t *views)
+{
+    int i, f;
+
+    /* Names are [A-Za-z0-9_-] and the MPM name is httpd's: nothing to escape. */
+    ap_rprintf(r, "{\"version\":\"%s\",\"mpm\":\"%s\",\"zones\":[", AT_MODULE_VERSION,
+               ap_show_mpm());
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        ap_rprintf(r, "%s{\"name\":\"%s\"", i ? "," : "", z->name);
+        for (f = 0; f < NFIELDS; f++) {
+            if (f == F_DRY_RUN) {
+                ap_rprintf(r, ",\"dry_run\":%s", z->v[f] ? "true" : "false");
+            }
+            else {
+                ap_rprintf(r, ",\"%s\":%s", fields[f].json, num(r->pool, z->v[f]));
+            }
+        }
+        ap_rputs("}", r);
+    }
+    ap_rputs("]}\n", r);
+}
+
+/* ---- ?prometheus: text exposition format 0.0.4 ------------------------------ */
+
+static void emit_histogram(request_rec *r, apr_array_header_t *views, const char *name,
+                           const char *help, int wait)
+{
+    int i, b;
+
+    ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s histogram\n",
+               name, help, name);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        const at_hist_t *h = wait ? &z->s.wait_all : &z->s.service_all;
+        apr_uint64_t cum = 0;
+
+        for (b = 0; b < AT_HIST_BUCKETS; b++) {
+            apr_int64_t bound = at_hist_bound_us(b);
+            cum += h->count[b];
+            if (bound < 0) {
+                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"+Inf\"} %"
+                           APR_UINT64_T_FMT "\n", name, z->name, cum);
+            }
+            else {
+                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"%g\"} %"
+                           APR_UINT64_T_FMT "\n", name, z->name, (double)bound / 1e6, cum);
+            }
+        }
+        ap_rprintf(r, "apache_throttle_%s_sum{zone=\"%s\"} %.6f\n", name, z->name,
+                   (double)h->sum_us / 1e6);
+        ap_rprintf(r, "apache_throttle_%s_count{zone=\"%s\"} %" APR_UINT64_T_FMT "\n",
+                   name, z->name, h->n);
+    }
+}
+
+static void emit_prometheus(request_rec *r, apr_array_header_t *views)
+{
+    const char *family = NULL;
+    int i, f;
+
+    ap_rprintf(r, "# HELP apache_throttle_info mod_adaptive_throttle build and MPM.\n"
+               "# TYPE apache_throttle_info gauge\n"
+               "apache_throttle_info{version=\"%s\",mpm=\"%s\"} 1\n",
+               AT_MODULE_VERSION, ap_show_mpm());
+    for (f = 0; f < NFIELDS; f++) {
+        if (!fields[f].prom) {
+            continue;
+        }
+        if (!family || strcmp(family, fields[f].prom) != 0) {
+            family = fields[f].prom;
+            ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s %s\n",
+                       family, fields[f].help, family,
+                       fields[f].kind == COUNTER ? "counter" : "gauge");
+        }
+        for (i = 0; i < views->nelts; i++) {
+            zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+            ap_rprintf(r, "apache_throttle_%s{zone=\"%s\"%s%s} %s\n", family, z->name,
+                       fields[f].label ? "," : "", fields[f].label ? fields[f].label : "",
+                       num(r->pool, z->v[f]));
+        }
+    }
+    ap_rputs("# HELP apache_throttle_timeout_seconds Longest wait in the queue.\n"
+             "# TYPE apache_throttle_timeout_seconds gauge\n", r);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        ap_rprintf(r, "apache_throttle_timeout_seconds{zone=\"%s\"} %.3f\n", z->name,
+                   z->v[F_TIMEOUT] / 1000.0);
+    }
+    ap_rputs("# HELP apache_throttle_oldest_running_seconds Age of the oldest running "
+             "request.\n# TYPE apache_throttle_oldest_running_seconds gauge\n", r);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        ap_rprintf(r, "apache_throttle_oldest_running_seconds{zone=\"%s\"} %.3f\n",
+                   z->name, z->v[F_OLDEST] / 1000.0);
+    }
+    emit_histogram(r, views, "wait_seconds",
+                   "Time admitted requests waited for a slot (0 if none).", 1);
+    emit_histogram(r, views, "service_seconds",
+                   "Time from getting a slot to releasing it.", 0);
+}
+
+/* ---- HTML ---------------------------------------------------------------------- */
+
+static void emit_html_table(request_rec *r, apr_array_header_t *views)
+{
+    int i, f;
+
+    if (!views->nelts) {
+        ap_rputs("<p>No throttle zones are configured.</p>\n", r);
+        return;
+    }
+    ap_rputs("<table border=\"1\" cellpadding=\"3\">\n<tr><th>zone</th>", r);
+    for (i = 0; i < views->nelts; i++) {
+        ap_rprintf(r, "<th>%s</th>", ap_escape_html(r->pool,
+                                                     APR_ARRAY_IDX(views, i, zone_view_t).name));
+    }
+    ap_rputs("</tr>\n", r);
+    for (f = 0; f < NFIELDS; f++) {
+        ap_rprintf(r, "<tr><td>%s</td>", fields[f].key);
+        for (i = 0; i < views->nelts; i++) {
+            ap_rprintf(r, "<td align=\"right\">%s</td>",
+                       num(r->pool, APR_ARRAY_IDX(views, i, zone_view_t).v[f]));
+        }
+        ap_rputs("</tr>\n", r);
+    }
+    ap_rputs("</table>\n", r);
+}
+
+static void emit_html(request_rec *r, apr_array_header_t *views)
+{
+    ap_rputs(DOCTYPE_HTML_4_01 "<html><head><title>Throttle status</title></head><body>\n"
+             "<h1>mod_adaptive_throttle</h1>\n", r);
+    ap_rprintf(r, "<p>Version %s, %s MPM. Percentiles cover the last 60 to 120 s; "
+               "totals count since the zone was created. Also as "
+               "<a href=\"?auto\">?auto</a>, <a href=\"?json\">?json</a>, "
+               "<a href=\"?prometheus\">?prometheus</a>.</p>\n",
+               AT_MODULE_VERSION, ap_show_mpm());
+    emit_html_table(r, views);
+    ap_rputs("</body></html>\n", r);
+}
+
+int at_status_handler(request_rec *r)
+{
+    apr_array_header_t *views;
+    const char *q = r->args ? r->args : "";
+
+    if (strcmp(r->handler, "throttle-status") != 0) {
+        return DECLINED;
+    }
+    if (r->method_number != M_GET) {
+        r->allowed = AP_METHOD_BIT << M_GET;
+        return HTTP_METHOD_NOT_ALLOWED;
+    }
+    apr_table_setn(r->headers_out, "Cache-Control", "no-store");
+    if (strcmp(q, "json") == 0) {
+        ap_set_content_type(r, "application/json");
+    }
+    else if (strcmp(q, "prometheus") == 0) {
+        ap_set_content_type(r, "text/plain; version=0.0.4; charset=utf-8");
+    }
+    else if (strcmp(q, "auto") == 0) {
+        ap_set_content_type(r, "text/plain; charset=utf-8");
+    }
+    else {
+        ap_set_content_type(r, "text/html; charset=utf-8");
+    }
+    if (r->header_only) {
+        return OK;
+    }
+    views = zone_views(r->pool);
+    if (strcmp(q, "json") == 0) {
+        emit_json(r, views);
+    }
+    else if (strcmp(q, "prometheus") == 0) {
+        emit_prometheus(r, views);
+    }
+    else if (strcmp(q, "auto") == 0) {
+        emit_auto(r, views);
+    }
+    else {
+        emit_html(r, views);
+    }
+    return OK;
+}
+
+/* mod_status's server-status: a section of its page, or its ?auto lines. */
+int at_status_section(request_rec *r, int flags)
+{
+    apr_array_header_t *views = zone_views(r->pool);
+
+    if (flags & AP_STATUS_SHORT) {
+        emit_auto(r, views);
+    }
+    else {
+        ap_rputs("<hr /><h2>Throttle zones (mod_adaptive_throttle)</h2>\n", r);
+        emit_html_table(r, views);
+    }
+    return OK;
+}
