@@ -15,6 +15,8 @@
 
 #include "apr_strings.h"
 
+#include <stdio.h>
+
 #include "at_hist.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
@@ -219,8 +221,12 @@ static void emit_histogram(request_rec *r, apr_array_header_t *views, const char
                            APR_UINT64_T_FMT "\n", name, z->name, cum);
             }
             else {
-                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"%g\"} %"
-                           APR_UINT64_T_FMT "\n", name, z->name, (double)bound / 1e6, cum);
+                /* The C library's %g: APR's drops the leading zero ("0.1"
+                 * would become ".1"), and le labels are matched as strings. */
+                char le[32];
+                snprintf(le, sizeof(le), "%g", (double)bound / 1e6);
+                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"%s\"} %"
+                           APR_UINT64_T_FMT "\n", name, z->name, le, cum);
             }
         }
         ap_rprintf(r, "apache_throttle_%s_sum{zone=\"%s\"} %.6f\n", name, z->name,

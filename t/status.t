@@ -44,6 +44,8 @@ sub parse_prometheus {
                 if $t && $t eq 'counter' && $name !~ /_total$/;
             if ($name =~ /_bucket$/) {
                 my ($le) = $labels =~ /le="([^"]+)"/;
+                push @faults, "le label not canonical: $le"
+                    unless $le =~ /^(\+Inf|\d+(\.\d+)?(e[-+]?\d+)?)$/;
                 (my $series = $labels) =~ s/,?le="[^"]+"//;
                 push @faults, "bucket not monotonic: $line"
                     if defined $last_bucket{"$name$series"} && $value < $last_bucket{"$name$series"};
