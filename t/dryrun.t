@@ -9,7 +9,7 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(sleep);
 
-plan tests => 7, need_cgi;
+plan tests => 8, need_cgi;
 
 my $log_file = Apache::Test::vars('t_logs') . '/throttle_log';
 my $log_start = -s $log_file || 0;
@@ -36,3 +36,7 @@ seek $log, $log_start, 0;
 my @lines = grep { m{"GET /dry/probe} } <$log>;
 ok t_cmp(scalar(grep { /\s200 dry dry-run \d+$/ } @lines), $dry,
          'the log variable says dry-run');
+
+open my $elog, '<', Apache::Test::vars('t_logs') . '/error_log' or die;
+my $decisions = grep { /zone dry: dry-run \(would have (queued|been rejected: queue full)\), waited 0 us, \d+ waiting ahead/ } <$elog>;
+ok t_cmp($decisions >= $dry, 1, "LogLevel adaptive_throttle:debug logs each dry-run decision ($decisions)");
