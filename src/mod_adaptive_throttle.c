@@ -657,6 +657,12 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE1("ThrottleBypass", set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
                   "ThrottleBypass EXPR: requests for which EXPR is true are not "
                   "throttled"),
+    AP_INIT_TAKE2("ThrottleChildLifetime", at_set_child_lifetime, NULL, RSRC_CONF,
+                  "ThrottleChildLifetime MIN MAX: each child serves a number of "
+                  "connections drawn from [MIN, MAX], then retires"),
+    AP_INIT_TAKE12("ThrottleChildMaxAge", at_set_child_max_age, NULL, RSRC_CONF,
+                   "ThrottleChildMaxAge DURATION [JITTER%]: prefork children retire "
+                   "after about DURATION, even when idle"),
     {NULL}
 };
 
@@ -674,6 +680,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     APR_OPTIONAL_HOOK(ap, status_hook, at_status_section, NULL, NULL, APR_HOOK_MIDDLE);
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);
+    at_life_register_hooks();
 }
 
 module AP_MODULE_DECLARE_DATA adaptive_throttle_module = {

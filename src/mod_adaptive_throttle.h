@@ -24,6 +24,18 @@ typedef struct {
 /* The zones of the running configuration, sorted by name. */
 apr_array_header_t *at_configured_zones(apr_pool_t *p);
 
+/* Child lifetimes (mod_adaptive_throttle_life.c). */
+#include "at_life.h"
+const char *at_set_child_lifetime(cmd_parms *cmd, void *dummy, const char *min,
+                                  const char *max);
+const char *at_set_child_max_age(cmd_parms *cmd, void *dummy, const char *age,
+                                 const char *jitter);
+void at_life_register_hooks(void);
+at_life_t *at_life_shared(void); /* NULL unless ThrottleChildLifetime is set */
+apr_uint32_t at_life_min(void);
+apr_uint32_t at_life_max(void);
+apr_int64_t at_life_max_age_us(void);
+
 /* Status page: the throttle-status handler and the mod_status section. */
 int at_status_handler(request_rec *r);
 int at_status_section(request_rec *r, int flags);

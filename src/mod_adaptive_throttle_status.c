@@ -18,6 +18,8 @@
 #include <stdio.h>
 
 #include "at_hist.h"
+#include "at_life.h"
+#include "at_owner.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
 
@@ -143,6 +145,22 @@ static apr_array_header_t *zone_views(apr_pool_t *p)
     return views;
 }
 
+/* Live children and their drawn lifetimes, if ThrottleChildLifetime is set. */
+static apr_array_header_t *child_views(apr_pool_t *p)
+{
+    at_life_t *l = at_life_shared();
+    apr_array_header_t *v = apr_array_make(p, 16, sizeof(at_child_t));
+    apr_uint32_t i;
+
+    for (i = 0; l && i < at_life_capacity(l); i++) {
+        at_child_t c = *at_life_child(l, i);
+        if (c.owner.pid != 0 && at_owner_alive(&c.owner)) {
+            *(at_child_t *)apr_array_push(v) = c;
+        }
+    }
+    return v;
+}
+
 /* Integers print as integers (exact to 2^53), the rest with 3 decimals. */
 static const char *num(apr_pool_t *p, double v)
 {
@@ -153,6 +171,27 @@ static const char *num(apr_pool_t *p, double v)
 }
 
 /* ---- ?auto: Key: value lines -------------------------------------------- */
+
+static void emit_auto_children(request_rec *r)
+{
+    apr_array_header_t *kids;
+    int i;
+
+    if (at_life_min()) {
+        ap_rprintf(r, "ThrottleChildLifetime: %u %u\n", at_life_min(), at_life_max());
+    }
+    if (at_life_max_age_us()) {
+        ap_rprintf(r, "ThrottleChildMaxAgeS: %" APR_INT64_T_FMT "\n",
+                   at_life_max_age_us() / 1000000);
+    }
+    kids = child_views(r->pool);
+    for (i = 0; i < kids->nelts; i++) {
+        at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
+        ap_rprintf(r, "ThrottleChild.%d.Lifetime: %u\nThrottleChild.%d.Served: %u\n"
+                   "ThrottleChild.%d.Extensions: %u\n", (int)c->owner.pid, c->lifetime,
+                   (int)c->owner.pid, c->served, (int)c->owner.pid, c->extensions);
+    }
+}
 
 static void emit_auto(request_rec *r, apr_array_header_t *views)
 {
@@ -172,6 +211,7 @@ static void emit_auto(request_rec *r, apr_array_header_t *views)
                        num(r->pool, z->v[f]));
         }
     }
+    emit_auto_children(r);
 }
 
 /* ---- ?json ------------------------------------------------------------------ */
@@ -196,7 +236,24 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
         }
         ap_rputs("}", r);
     }
-    ap_rputs("]}\n", r);
+    ap_rputs("]", r);
+    if (at_life_min()) {
+        apr_array_header_t *kids = child_views(r->pool);
+        ap_rprintf(r, ",\"child_lifetime\":{\"min\":%u,\"max\":%u},\"children\":[",
+                   at_life_min(), at_life_max());
+        for (i = 0; i < kids->nelts; i++) {
+            at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
+            ap_rprintf(r, "%s{\"pid\":%d,\"lifetime\":%u,\"served\":%u,"
+                       "\"extensions\":%u}", i ? "," : "", (int)c->owner.pid,
+                       c->lifetime, c->served, c->extensions);
+        }
+        ap_rputs("]", r);
+    }
+    if (at_life_max_age_us()) {
+        ap_rprintf(r, ",\"child_max_age_s\":%" APR_INT64_T_FMT,
+                   at_life_max_age_us() / 1000000);
+    }
+    ap_rputs("}\n", r);
 }
 
 /* ---- ?prometheus: text exposition format 0.0.4 ------------------------------ */
@@ -276,6 +333,24 @@ static void emit_prometheus(request_rec *r, apr_array_header_t *views)
         ap_rprintf(r, "apache_throttle_oldest_running_seconds{zone=\"%s\"} %.3f\n",
                    z->name, z->v[F_OLDEST] / 1000.0);
     }
+    if (at_life_min()) {
+        apr_array_header_t *kids = child_views(r->pool);
+        ap_rputs("# HELP apache_throttle_child_lifetime_connections Connections this child "
+                 "serves before it retires (ThrottleChildLifetime).\n"
+                 "# TYPE apache_throttle_child_lifetime_connections gauge\n", r);
+        for (i = 0; i < kids->nelts; i++) {
+            at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
+            ap_rprintf(r, "apache_throttle_child_lifetime_connections{pid=\"%d\"} %u\n",
+                       (int)c->owner.pid, c->lifetime);
+        }
+        ap_rputs("# HELP apache_throttle_child_served_connections Connections this child "
+                 "has served.\n# TYPE apache_throttle_child_served_connections gauge\n", r);
+        for (i = 0; i < kids->nelts; i++) {
+            at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
+            ap_rprintf(r, "apache_throttle_child_served_connections{pid=\"%d\"} %u\n",
+                       (int)c->owner.pid, c->served);
+        }
+    }
     emit_histogram(r, views, "wait_seconds",
                    "Time admitted requests waited for a slot (0 if none).", 1);
     emit_histogram(r, views, "service_seconds",
@@ -309,6 +384,32 @@ static void emit_html_table(request_rec *r, apr_array_header_t *views)
     ap_rputs("</table>\n", r);
 }
 
+static void emit_html_children(request_rec *r)
+{
+    apr_array_header_t *kids;
+    int i;
+
+    if (!at_life_min()) {
+        return;
+    }
+    kids = child_views(r->pool);
+    ap_rprintf(r, "<h2>Child lifetimes</h2>\n<p>ThrottleChildLifetime %u %u", at_life_min(),
+               at_life_max());
+    if (at_life_max_age_us()) {
+        ap_rprintf(r, "; ThrottleChildMaxAge %" APR_INT64_T_FMT " s",
+                   at_life_max_age_us() / 1000000);
+    }
+    ap_rputs("</p>\n<table border=\"1\" cellpadding=\"3\">\n<tr><th>pid</th>"
+             "<th>lifetime</th><th>served</th><th>extensions</th></tr>\n", r);
+    for (i = 0; i < kids->nelts; i++) {
+        at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
+        ap_rprintf(r, "<tr><td>%d</td><td align=\"right\">%u</td><td align=\"right\">%u"
+                   "</td><td align=\"right\">%u</td></tr>\n", (int)c->owner.pid,
+                   c->lifetime, c->served, c->extensions);
+    }
+    ap_rputs("</table>\n", r);
+}
+
 static void emit_html(request_rec *r, apr_array_header_t *views)
 {
     ap_rputs(DOCTYPE_HTML_4_01 "<html><head><title>Throttle status</title></head><body>\n"
@@ -319,6 +420,7 @@ static void emit_html(request_rec *r, apr_array_header_t *views)
                "<a href=\"?prometheus\">?prometheus</a>.</p>\n",
                AT_MODULE_VERSION, ap_show_mpm());
     emit_html_table(r, views);
+    emit_html_children(r);
     ap_rputs("</body></html>\n", r);
 }
 

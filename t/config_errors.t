@@ -49,6 +49,19 @@ my @bad = (
     ["<Location /x>\nThrottle a b\n</Location>",  qr/Throttle takes one argument/],
     ["<Location /x>\nThrottleBypass \"%{\"\n</Location>", qr/ThrottleBypass: cannot parse expression '%\{'/],
     ["<Location /x>\nThrottleBypass \"-R 'nonsense\"\n</Location>", qr/ThrottleBypass: cannot parse expression/],
+    ['ThrottleChildLifetime 9 5',                 qr/ThrottleChildLifetime: MIN \(9\) is greater than MAX \(5\)/],
+    ['ThrottleChildLifetime 0 5',                 qr/ThrottleChildLifetime: MIN '0' is out of range/],
+    ['ThrottleChildLifetime -1 5',                qr/ThrottleChildLifetime: MIN '-1' is not a whole number/],
+    ['ThrottleChildLifetime 5 x',                 qr/ThrottleChildLifetime: MAX 'x' is not a whole number/],
+    ['ThrottleChildLifetime 1 99999999999',       qr/ThrottleChildLifetime: MAX '99999999999' is out of range/],
+    ['ThrottleChildLifetime 5',                   qr/ThrottleChildLifetime takes two arguments/],
+    ["ThrottleChildLifetime 5 9\nThrottleChildLifetime 5 9", qr/ThrottleChildLifetime: already set at/],
+    ["<VirtualHost 127.0.0.1:1>\nThrottleChildLifetime 5 9\n</VirtualHost>", qr/ThrottleChildLifetime cannot occur within <VirtualHost>/],
+    ['ThrottleChildMaxAge 0',                     qr/ThrottleChildMaxAge: '0' is not a duration/],
+    ['ThrottleChildMaxAge 500ms',                 qr/ThrottleChildMaxAge: '500ms' is shorter than 1s/],
+    ['ThrottleChildMaxAge 1h 10',                 qr/ThrottleChildMaxAge: jitter '10' must be a percentage/],
+    ['ThrottleChildMaxAge 1h 95%',                qr/ThrottleChildMaxAge: jitter '95%'.*0% to 90%/],
+    ['ThrottleChildMaxAge soon',                  qr/ThrottleChildMaxAge: 'soon' is not a duration/],
 );
 
 my $inherit = $ENV{INHERIT_CONF};

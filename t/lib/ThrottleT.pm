@@ -14,7 +14,7 @@ use Apache::TestRequest;
 
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count
                  probe_order probe_reset wait_until hostport server_pid
-                 load_loop restarts_seen);
+                 load_loop restarts_seen private_server children_of);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -162,6 +162,85 @@ sub load_loop {
 sub restarts_seen {
     open(my $fh, '<', Apache::Test::vars('t_logs') . '/error_log') or return 0;
     return scalar grep { /resuming normal operations/ } <$fh>;
+}
+
+# A second, private httpd on a free loopback port, with the modules of the
+# suite's own configuration (minus those named in $opt{without}) and the
+# given configuration lines. Returns { dir, port, pid, get(path), stop(),
+# log() }. It is stopped by pid, and only by the test that started it.
+sub private_server {
+    my ($conf, %opt) = @_;
+    my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
+    my $httpd = $ENV{HTTPD} || Apache::Test::vars('httpd');
+    my $dir = tempdir(CLEANUP => 1);
+    chmod 0755, $dir;
+    my $port = do {
+        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
+                                      Listen => 1) or die;
+        $s->sockport;
+    };
+    open my $in, '<', $inherit or die;
+    my @modules = <$in>;
+    for my $m (@{ $opt{without} || [] }) {
+        @modules = grep { !/mod_\Q$m\E\.so/ } @modules;
+    }
+    open my $fh, '>', "$dir/httpd.conf" or die;
+    print $fh @modules, <<"CONF", $conf, "\n";
+ServerRoot $dir
+ServerName 127.0.0.1
+Listen 127.0.0.1:$port
+PidFile $dir/httpd.pid
+ErrorLog $dir/error_log
+DefaultRuntimeDir $dir
+TypesConfig /dev/null
+User nobody
+Group nogroup
+DocumentRoot $dir
+<Directory $dir>
+    Require all granted
+</Directory>
+CONF
+    close $fh;
+    open my $doc, '>', "$dir/hello.txt" or die;
+    print $doc "hello\n";
+    close $doc;
+    chmod 0644, "$dir/hello.txt";
+    my $read = sub { my $f = shift; local (@ARGV, $/) = ($f); -f $f ? <> : '' };
+    system($httpd, '-d', $dir, '-f', "$dir/httpd.conf", '-k', 'start') == 0
+        or die 'private httpd did not start: ' . $read->("$dir/error_log");
+    my $srv = { dir => $dir, port => $port };
+    wait_until(sub { -s "$dir/httpd.pid" }, 10) or die 'no pid file';
+    ($srv->{pid} = $read->("$dir/httpd.pid")) =~ s/\s+//g;
+    $srv->{get} = sub {
+        my ($path) = @_;
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+                                      Timeout => 10) or return { status => 0 };
+        print $s "GET $path HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        local $/;
+        my $raw = <$s> // '';
+        my ($status) = $raw =~ m{^HTTP/\S+ (\d+)};
+        my (undef, $body) = split /\r\n\r\n/, $raw, 2;
+        return { status => $status // 0, body => $body // '', raw => $raw };
+    };
+    wait_until(sub { $srv->{get}->('/hello.txt')->{status} == 200 }, 10)
+        or die 'private httpd does not answer';
+    $srv->{log} = sub { $read->("$dir/error_log") };
+    $srv->{stop} = sub {
+        kill 'TERM', $srv->{pid};
+        wait_until(sub { !kill 0, $srv->{pid} }, 15);
+    };
+    return $srv;
+}
+
+# Child processes of a pid, from /proc.
+sub children_of {
+    my ($ppid) = @_;
+    my @kids;
+    for my $stat (glob '/proc/[0-9]*/stat') {
+        my $line = do { local (@ARGV, $/) = ($stat); eval { <> } } // next;
+        push @kids, $1 if $line =~ /^(\d+) \(.*\) \S (\d+) / && $2 == $ppid;
+    }
+    return @kids;
 }
 
 probe_dir() if Apache::Test::vars('t_logs') && -d Apache::Test::vars('t_logs');
