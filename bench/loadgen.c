@@ -1,0 +1,194 @@
+/*
+ * loadgen: a small closed-loop HTTP/1.0 load generator for the benchmarks.
+ * Every request is recorded (start and end in microseconds from the start
+ * of the run, and the status; 0 for a connection error), so that any
+ * statistic can be computed afterwards. Bounded by time and by count, and
+ * talks to 127.0.0.1 only.
+ *
+ *   loadgen -p PORT -c CLIENTS -d SECONDS [-n MAX_REQUESTS] [-u PATH]
+ *           [-r] [-o FILE]
+ *
+ *   -r  honour Retry-After: after a 503 a client waits that many seconds
+ *       (as polite clients and retrying proxies do)
+ */
+#define _GNU_SOURCE /* strcasestr */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    int64_t start_us, end_us;
+    int status;
+} sample_t;
+
+typedef struct {
+    sample_t *v;
+    size_t n, cap;
+} samples_t;
+
+static int port, clients, honour_retry_after;
+static double seconds;
+static long max_requests;
+static const char *path = "/";
+static int64_t t0, deadline;
+static long issued;
+static pthread_mutex_t issued_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int take_ticket(void)
+{
+    int ok;
+
+    pthread_mutex_lock(&issued_lock);
+    ok = max_requests <= 0 || issued < max_requests;
+    issued += ok;
+    pthread_mutex_unlock(&issued_lock);
+    return ok;
+}
+
+/* One request; returns the status (0: connection failed), and the
+ * Retry-After value in *retry_after (0 if absent). */
+static int one_request(int *retry_after)
+{
+    struct sockaddr_in sa;
+    char req[512], buf[16384];
+    size_t got = 0;
+    ssize_t n;
+    int fd, status = 0;
+    char *p;
+
+    *retry_after = 0;
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return 0;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return 0;
+    }
+    n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return 0;
+    }
+    /* Keep the head for parsing; drain the rest. */
+    while ((n = read(fd, got < sizeof(buf) - 1 ? buf + got : req,
+                     got < sizeof(buf) - 1 ? sizeof(buf) - 1 - got : sizeof(req))) > 0) {
+        if (got < sizeof(buf) - 1) {
+            got += (size_t)n;
+        }
+    }
+    close(fd);
+    buf[got] = '\0';
+    if (got > 12 && strncmp(buf, "HTTP/1.", 7) == 0) {
+        status = atoi(buf + 9);
+    }
+    if ((p = strcasestr(buf, "\r\nRetry-After:")) != NULL) {
+        *retry_after = atoi(p + 14);
+    }
+    return status;
+}
+
+static void *client(void *arg)
+{
+    samples_t *s = arg;
+
+    while (now_us() < deadline && take_ticket()) {
+        int retry_after;
+        sample_t x;
+
+        x.start_us = now_us() - t0;
+        x.status = one_request(&retry_after);
+        x.end_us = now_us() - t0;
+        if (s->n == s->cap) {
+            s->cap = s->cap ? s->cap * 2 : 4096;
+            s->v = realloc(s->v, s->cap * sizeof(*s->v));
+            if (!s->v) {
+                perror("realloc");
+                exit(1);
+            }
+        }
+        s->v[s->n++] = x;
+        if (honour_retry_after && x.status == 503 && retry_after > 0) {
+            int64_t until = now_us() + (int64_t)retry_after * 1000000;
+            while (now_us() < until && now_us() < deadline) {
+                usleep(10000);
+            }
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *out = NULL;
+    pthread_t *th;
+    samples_t *per;
+    FILE *f = stdout;
+    int opt, i;
+
+    while ((opt = getopt(argc, argv, "p:c:d:n:u:o:r")) != -1) {
+        switch (opt) {
+        case 'p': port = atoi(optarg); break;
+        case 'c': clients = atoi(optarg); break;
+        case 'd': seconds = atof(optarg); break;
+        case 'n': max_requests = atol(optarg); break;
+        case 'u': path = optarg; break;
+        case 'o': out = optarg; break;
+        case 'r': honour_retry_after = 1; break;
+        default:
+            fprintf(stderr, "usage: loadgen -p PORT -c CLIENTS -d SECONDS [-n MAX] "
+                            "[-u PATH] [-r] [-o FILE]\n");
+            return 2;
+        }
+    }
+    if (port <= 0 || clients <= 0 || clients > 2000 || seconds <= 0 || seconds > 3600) {
+        fprintf(stderr, "loadgen: need -p PORT, -c 1..2000 clients, -d 0..3600 seconds\n");
+        return 2;
+    }
+    th = calloc((size_t)clients, sizeof(*th));
+    per = calloc((size_t)clients, sizeof(*per));
+    t0 = now_us();
+    deadline = t0 + (int64_t)(seconds * 1e6);
+    for (i = 0; i < clients; i++) {
+        pthread_create(&th[i], NULL, client, &per[i]);
+    }
+    for (i = 0; i < clients; i++) {
+        pthread_join(th[i], NULL);
+    }
+    if (out && !(f = fopen(out, "w"))) {
+        perror(out);
+        return 1;
+    }
+    fprintf(f, "# start_us end_us status\n");
+    for (i = 0; i < clients; i++) {
+        for (size_t k = 0; k < per[i].n; k++) {
+            fprintf(f, "%lld %lld %d\n", (long long)per[i].v[k].start_us,
+                    (long long)per[i].v[k].end_us, per[i].v[k].status);
+        }
+    }
+    if (f != stdout) {
+        fclose(f);
+    }
+    return 0;
+}
