@@ -1,0 +1,63 @@
+# Shared by the benchmark scripts: setup, and a private httpd on 127.0.0.1.
+# Source it from the top of the tree.
+
+bench_setup() {
+    scripts/setup >/dev/null
+    local need=""
+    command -v gnuplot >/dev/null || need="$need gnuplot-nox"
+    command -v wrk >/dev/null || need="$need wrk"
+    if [ -n "$need" ]; then
+        local sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+        $sudo apt-get install -y -qq $need >/dev/null
+    fi
+    out=bench/out
+    mkdir -p "$out" docs/benchmarks
+    gcc -O2 -Wall -Wextra -pthread -o "$out/loadgen" bench/loadgen.c
+    moddir=$(apxs -q LIBEXECDIR)
+}
+
+# bench_start NAME PORT MPM "MODULES" "CONFIGURATION"
+# MODULES: extra module names to load (mod_NAME.so from apxs's LIBEXECDIR);
+# "adaptive_throttle" loads the module from this build tree.
+bench_start() {
+    local name=$1 port=$2 mpm=$3 modules=$4 conf=$5 m
+    bench_dir=$PWD/$out/server-$name
+    rm -rf "$bench_dir"; mkdir -p "$bench_dir/htdocs"
+    chmod 755 "$bench_dir" "$bench_dir/htdocs"
+    head -c 1024 /dev/zero | tr '\0' x > "$bench_dir/htdocs/1k.txt"
+    chmod 644 "$bench_dir/htdocs/1k.txt"
+    {
+        echo "ServerRoot \"$bench_dir\""
+        echo "ServerName 127.0.0.1"
+        echo "Listen 127.0.0.1:$port"
+        echo "PidFile httpd.pid"
+        echo "ErrorLog error_log"
+        echo "LogLevel warn"
+        echo "User nobody"
+        echo "Group nogroup"
+        echo "LoadModule mpm_${mpm}_module $moddir/mod_mpm_${mpm}.so"
+        for m in authz_core mime $modules; do
+            if [ "$m" = adaptive_throttle ]; then
+                echo "LoadModule adaptive_throttle_module $PWD/.libs/mod_adaptive_throttle.so"
+            else
+                echo "LoadModule ${m}_module $moddir/mod_${m}.so"
+            fi
+        done
+        echo "TypesConfig /dev/null"
+        echo "DocumentRoot \"$bench_dir/htdocs\""
+        echo "<Directory \"$bench_dir/htdocs\">"
+        echo "    Require all granted"
+        echo "</Directory>"
+        echo "$conf"
+    } > "$bench_dir/httpd.conf"
+    apache2 -d "$bench_dir" -f "$bench_dir/httpd.conf" -k start
+    for _ in $(seq 100); do [ -s "$bench_dir/httpd.pid" ] && break; sleep 0.05; done
+    sleep 1
+}
+
+bench_stop() {
+    local pid
+    pid=$(cat "$bench_dir/httpd.pid")
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+}
