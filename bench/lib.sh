@@ -32,6 +32,7 @@ bench_start() {
         echo "Listen 127.0.0.1:$port"
         echo "PidFile httpd.pid"
         echo "ErrorLog error_log"
+        echo "DefaultRuntimeDir \"$bench_dir\""
         echo "LogLevel warn"
         echo "User nobody"
         echo "Group nogroup"

@@ -10,6 +10,10 @@
  *
  *   -r  honour Retry-After: after a 503 a client waits that many seconds
  *       (as polite clients and retrying proxies do)
+ *   -R RATE  open loop: requests arrive at RATE per second whatever the
+ *       answers, served by up to CLIENTS connections at once; a request's
+ *       latency counts from its scheduled arrival, so queueing in the
+ *       generator is not hidden
  */
 #define _GNU_SOURCE /* strcasestr */
 #include <arpa/inet.h>
@@ -36,7 +40,8 @@ typedef struct {
 } samples_t;
 
 static int port, clients, honour_retry_after;
-static double seconds;
+static double seconds, rate;
+static long arrivals;
 static long max_requests;
 static const char *path = "/";
 static int64_t t0, deadline;
@@ -109,6 +114,18 @@ static int one_request(int *retry_after)
     return status;
 }
 
+/* Open loop: the time of the next arrival, or -1 past the deadline. */
+static int64_t next_arrival(void)
+{
+    int64_t at;
+
+    pthread_mutex_lock(&issued_lock);
+    at = t0 + (int64_t)((double)arrivals * 1e6 / rate);
+    arrivals++;
+    pthread_mutex_unlock(&issued_lock);
+    return at < deadline ? at : -1;
+}
+
 static void *client(void *arg)
 {
     samples_t *s = arg;
@@ -116,8 +133,18 @@ static void *client(void *arg)
     while (now_us() < deadline && take_ticket()) {
         int retry_after;
         sample_t x;
+        int64_t at = 0;
 
-        x.start_us = now_us() - t0;
+        if (rate > 0) {
+            if ((at = next_arrival()) < 0) {
+                break;
+            }
+            while (now_us() < at) {
+                int64_t d = at - now_us();
+                usleep((useconds_t)(d > 1000000 ? 1000000 : d));
+            }
+        }
+        x.start_us = (rate > 0 ? at : now_us()) - t0;
         x.status = one_request(&retry_after);
         x.end_us = now_us() - t0;
         if (s->n == s->cap) {
@@ -147,7 +174,7 @@ int main(int argc, char **argv)
     FILE *f = stdout;
     int opt, i;
 
-    while ((opt = getopt(argc, argv, "p:c:d:n:u:o:r")) != -1) {
+    while ((opt = getopt(argc, argv, "p:c:d:n:u:o:rR:")) != -1) {
         switch (opt) {
         case 'p': port = atoi(optarg); break;
         case 'c': clients = atoi(optarg); break;
@@ -156,13 +183,15 @@ int main(int argc, char **argv)
         case 'u': path = optarg; break;
         case 'o': out = optarg; break;
         case 'r': honour_retry_after = 1; break;
+        case 'R': rate = atof(optarg); break;
         default:
             fprintf(stderr, "usage: loadgen -p PORT -c CLIENTS -d SECONDS [-n MAX] "
-                            "[-u PATH] [-r] [-o FILE]\n");
+                            "[-u PATH] [-r] [-R RATE] [-o FILE]\n");
             return 2;
         }
     }
-    if (port <= 0 || clients <= 0 || clients > 2000 || seconds <= 0 || seconds > 3600) {
+    if (port <= 0 || clients <= 0 || clients > 2000 || seconds <= 0 || seconds > 3600
+        || rate < 0 || rate > 100000) {
         fprintf(stderr, "loadgen: need -p PORT, -c 1..2000 clients, -d 0..3600 seconds\n");
         return 2;
     }
