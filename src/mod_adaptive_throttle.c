@@ -83,7 +83,7 @@ static apr_status_t forget_refs(void *unused)
     return APR_SUCCESS;
 }
 
-static const char *where(cmd_parms *cmd)
+const char *at_cmd_where(cmd_parms *cmd)
 {
     return apr_psprintf(cmd->pool, "%s:%d", cmd->directive->filename,
                         cmd->directive->line_num);
@@ -102,7 +102,7 @@ static zone_ref_t *ref_for(cmd_parms *cmd, const char *name)
     if (!ref) {
         ref = apr_pcalloc(cmd->pool, sizeof(*ref));
         ref->name = apr_pstrdup(cmd->pool, name);
-        ref->first_use = where(cmd);
+        ref->first_use = at_cmd_where(cmd);
         apr_hash_set(zone_refs, ref->name, APR_HASH_KEY_STRING, ref);
     }
     return ref;
@@ -135,7 +135,7 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
         return apr_psprintf(cmd->pool, "ThrottleZone %s: zone already defined at %s",
                             argv[0], ref->defined_at);
     }
-    ref->defined_at = where(cmd);
+    ref->defined_at = at_cmd_where(cmd);
     ref->conf = conf;
     return NULL;
 }

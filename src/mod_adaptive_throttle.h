@@ -21,6 +21,9 @@ typedef struct {
     at_zone_t *zone;
 } zone_ref_t;
 
+/* "file:line" of the directive being read, for error messages. */
+const char *at_cmd_where(cmd_parms *cmd);
+
 /* The zones of the running configuration, sorted by name. */
 apr_array_header_t *at_configured_zones(apr_pool_t *p);
 

@@ -84,12 +84,6 @@ at_life_t *at_life_shared(void)
     return life.min && retained ? retained->table : NULL;
 }
 
-static const char *where(cmd_parms *cmd)
-{
-    return apr_psprintf(cmd->pool, "%s:%d", cmd->directive->filename,
-                        cmd->directive->line_num);
-}
-
 const char *at_set_child_lifetime(cmd_parms *cmd, void *dummy, const char *min,
                                   const char *max)
 {
@@ -116,7 +110,7 @@ const char *at_set_child_lifetime(cmd_parms *cmd, void *dummy, const char *min,
     }
     life.min = (apr_uint32_t)lo;
     life.max = (apr_uint32_t)hi;
-    life.lifetime_at = where(cmd);
+    life.lifetime_at = at_cmd_where(cmd);
     return NULL;
 }
 
@@ -156,7 +150,7 @@ const char *at_set_child_max_age(cmd_parms *cmd, void *dummy, const char *age,
         }
     }
     life.jitter_pct = (apr_uint32_t)pct;
-    life.max_age_at = where(cmd);
+    life.max_age_at = at_cmd_where(cmd);
     return NULL;
 }
 

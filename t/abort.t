@@ -21,7 +21,7 @@ sub open_request {
 
 probe_reset('abrt');
 my $before = status_auto()->{'Throttle.abrt.Aborted'};
-my $hold = bg_get('/abrt/probe.cgi?tag=abrt&sleep=1500&id=hold');
+my $hold = bg_get('/abrt/probe.cgi?tag=abrt&sleep=3000&id=hold');
 wait_until(sub { (probe_count('abrt'))[0] == 1 }) or die 'holder never started';
 my $gone = open_request('/abrt/probe.cgi?tag=abrt&id=gone');
 wait_until(sub { status_auto()->{'Throttle.abrt.Queued'} == 1 }) or die 'never queued';

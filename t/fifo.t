@@ -9,7 +9,8 @@ use ThrottleT;
 plan tests => 3, need_cgi;
 
 probe_reset('fifo');
-my $hold = bg_get('/fifo/probe.cgi?tag=fifo&sleep=800&id=hold');
+# Long enough for all 8 to queue, even while prefork spawns children.
+my $hold = bg_get('/fifo/probe.cgi?tag=fifo&sleep=4000&id=hold');
 wait_until(sub { (probe_count('fifo'))[0] == 1 }) or die 'holder never started';
 my @pids;
 for my $i (1 .. 8) {

@@ -19,7 +19,8 @@ sub graceful {
 }
 
 probe_reset('grace');
-my $hold = bg_get('/grace/probe.cgi?tag=grace&sleep=4000&id=hold');
+# Long enough to outlast the restart, even on a busy machine.
+my $hold = bg_get('/grace/probe.cgi?tag=grace&sleep=8000&id=hold');
 wait_until(sub { (probe_count('grace'))[0] == 1 }) or die 'holder never started';
 graceful();
 my $r = http_get('/grace/probe.cgi?tag=grace&id=after');
