@@ -16,20 +16,7 @@
 #include <unistd.h>
 
 #include "at_zone.h"
-
-static at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue)
-{
-    at_zone_conf_t c = {limit, queue, 60 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0};
-    apr_size_t size = at_zone_size(limit * 2 + 64, queue * 2 + 256);
-    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-
-    if (mem == MAP_FAILED
-        || at_zone_init(mem, size, "micro", &c, limit * 2 + 64, queue * 2 + 256)) {
-        perror("zone");
-        exit(1);
-    }
-    return mem;
-}
+#include "zone_test_util.h" /* zone_new: a zone in shared memory */
 
 static at_zone_t *zone;
 static long pairs_per_thread;
@@ -105,12 +92,15 @@ int main(int argc, char **argv)
         return 2;
     }
     for (int i = 0; i < repeat; i++) {
-        zone = zone_new(1000, 0);
+        zone = zone_new(1000, 0, 60 * APR_INT64_C(1000000));
         u[i] = run_uncontended(pairs);
-        zone = zone_new(8, 64);
+        zone_free(zone);
+        zone = zone_new(8, 64, 60 * APR_INT64_C(1000000));
         c8[i] = run_threads(2, 4, pairs);
-        zone = zone_new(2, 64);
+        zone_free(zone);
+        zone = zone_new(2, 64, 60 * APR_INT64_C(1000000));
         c2[i] = run_threads(2, 4, pairs / 10);
+        zone_free(zone);
     }
     printf("| case | ns per acquire+release (median of %d) | pairs per second |\n", repeat);
     printf("|---|---|---|\n");

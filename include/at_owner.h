@@ -22,7 +22,4 @@ int at_owner_alive(const at_owner_t *o);
 
 int at_owner_same(const at_owner_t *a, const at_owner_t *b);
 
-/* Read pid's identity from /proc; returns 0 on success. */
-int at_owner_read(apr_int32_t pid, at_owner_t *out, char *state);
-
 #endif

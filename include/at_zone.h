@@ -80,8 +80,6 @@ int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *conf);
 /* Apply a new definition in place, keeping slots, waiters and totals. */
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
 
-const char *at_zone_name(const at_zone_t *z);
-
 at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
                             void *ctx);
 

@@ -16,7 +16,7 @@ static at_owner_t self;
 static pthread_once_t self_once = PTHREAD_ONCE_INIT;
 
 /* Only async-signal-safe calls: this also runs in a child right after fork. */
-int at_owner_read(apr_int32_t pid, at_owner_t *out, char *state)
+static int owner_read(apr_int32_t pid, at_owner_t *out, char *state)
 {
     char path[64], buf[1024];
     char *p;
@@ -60,7 +60,7 @@ static void self_refresh(void)
     at_owner_t o;
     pid_t pid = getpid();
 
-    if (at_owner_read(pid, &o, NULL) != 0) {
+    if (owner_read(pid, &o, NULL) != 0) {
         o.pid = pid;
         o.reserved = 0;
         o.start = 0;
@@ -93,7 +93,7 @@ int at_owner_alive(const at_owner_t *o)
     if (o->pid <= 0) {
         return 0;
     }
-    if (at_owner_read(o->pid, &now, &state) != 0) {
+    if (owner_read(o->pid, &now, &state) != 0) {
         /* No /proc entry: either gone, or no procfs at all. */
         return !(kill(o->pid, 0) != 0 && errno == ESRCH);
     }

@@ -428,11 +428,6 @@ apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
     return APR_SUCCESS;
 }
 
-const char *at_zone_name(const at_zone_t *z)
-{
-    return z->name;
-}
-
 /* ---- reclaim ---------------------------------------------------------- */
 
 typedef struct {

@@ -60,7 +60,6 @@ typedef struct {
  * internal redirect is not counted twice. */
 typedef struct {
     zone_ref_t *ref;
-    at_zone_t *zone;
     at_ticket_t ticket;
     const char *result;
     int holding;
@@ -496,7 +495,7 @@ static void release_slot(req_state_t *st)
 {
     if (st->holding) {
         st->holding = 0;
-        at_zone_release(st->zone, &st->ticket);
+        at_zone_release(st->ref->zone, &st->ticket);
     }
 }
 
@@ -578,7 +577,6 @@ static int throttle_handler(request_rec *r)
     }
     st = apr_pcalloc(r->pool, sizeof(*st));
     st->ref = ref;
-    st->zone = ref->zone;
     ap_set_module_config(top->request_config, &adaptive_throttle_module, st);
     if (bypassed(r, d)) {
         st->result = "bypass";
@@ -586,7 +584,7 @@ static int throttle_handler(request_rec *r)
         return DECLINED;
     }
 
-    res = at_zone_acquire(st->zone, &st->ticket, client_gone, r);
+    res = at_zone_acquire(ref->zone, &st->ticket, client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s%s, waited %" APR_INT64_T_FMT
@@ -608,7 +606,7 @@ static int throttle_handler(request_rec *r)
     case AT_REJECTED_FULL:
     case AT_REJECTED_TIMEOUT:
         apr_table_setn(r->err_headers_out, "Retry-After",
-                       apr_psprintf(r->pool, "%u", at_zone_retry_after(st->zone)));
+                       apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
         return HTTP_SERVICE_UNAVAILABLE;
     case AT_ABORTED:
         r->connection->keepalive = AP_CONN_CLOSE;

@@ -58,7 +58,7 @@ typedef struct {
 static life_conf_t life;
 static life_retained_t *retained;
 static at_child_t *my_record;      /* in a child: its own record */
-static apr_uint32_t my_extensions;
+static int my_mpm_rereads_limit;   /* prefork: the lifetime can still grow */
 static aged_child_t *aged;
 static int aged_n;
 static apr_uint64_t aged_k;
@@ -240,7 +240,7 @@ static void life_child_init(apr_pool_t *p, server_rec *s)
     }
     at_rng_seed(&rng);
     my_record = at_life_enter(retained->table, life.min, life.max, &rng, &lifetime);
-    my_extensions = 0;
+    my_mpm_rereads_limit = !is_threaded();
     ap_max_requests_per_child = (int)lifetime;
     ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s, "child %d: lifetime %u connections "
                  "(ThrottleChildLifetime %u %u)", (int)getpid(), lifetime, life.min,
@@ -262,14 +262,14 @@ static int life_pre_connection(conn_rec *c, void *csd)
      * the last connection, and the lifetime can still grow. */
     ext = (life.max - life.min) / 16 + 1;
     /* Never beyond MAX: the lifetime stays in [MIN, MAX] as configured. */
-    if (is_threaded() || served != (apr_uint32_t)ap_max_requests_per_child
-        || my_extensions >= MAX_EXTENSIONS || my_record->lifetime + ext > life.max
+    if (!my_mpm_rereads_limit || served != (apr_uint32_t)ap_max_requests_per_child
+        || my_record->extensions >= MAX_EXTENSIONS || my_record->lifetime + ext > life.max
         || at_life_claim_retirement(retained->table, RETIRE_WINDOW_US)) {
         return OK;
     }
     ap_max_requests_per_child += (int)ext;
     my_record->lifetime += ext;
-    my_record->extensions = ++my_extensions;
+    my_record->extensions++;
     ap_log_cerror(APLOG_MARK, APLOG_DEBUG, 0, c, "child %d: another child retired "
                   "moments ago; serving %u more connections", (int)getpid(), ext);
     return OK;
