@@ -21,6 +21,7 @@ typedef struct {
     apr_int64_t timeout_us;
     apr_uint32_t retry_after; /* seconds; AT_RETRY_AFTER_AUTO = estimate */
     int dry_run;              /* decide and count, never delay or refuse */
+    apr_uint32_t per_client;  /* running + waiting per client; 0: no limit */
 } at_zone_conf_t;
 
 const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,

@@ -10,6 +10,7 @@
 #define AT_ZONE_H
 
 #include <apr.h>
+#include <apr_network_io.h>
 #include "at_hist.h"
 #include "at_parse.h"
 
@@ -23,8 +24,21 @@ typedef enum {
     AT_ABORTED,           /* the abort callback said the client left */
     AT_ERROR,             /* the shared lock is unusable: caller fails open */
     AT_DRY_RUN_QUEUED,    /* dry run: would have waited; runs now, no slot */
-    AT_DRY_RUN_REJECTED   /* dry run: would have got 503; runs now, no slot */
+    AT_DRY_RUN_REJECTED,  /* dry run: would have got 503; runs now, no slot */
+    AT_REJECTED_CLIENT    /* the client already has per_client requests in */
 } at_result_t;
+
+/* Who a request is counted against under per_client: a client address
+ * (at_client_key_from_sockaddr). All zero: nobody, never limited. */
+#define AT_CLIENT_KEY_LEN 16
+typedef struct {
+    unsigned char b[AT_CLIENT_KEY_LEN];
+} at_client_key_t;
+
+/* IPv4 addresses map to ::ffff:a.b.c.d; IPv6 addresses count per /64, the
+ * block one site is given, so one host cannot dodge the limit by hopping
+ * through the addresses of its own prefix. */
+void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, at_client_key_t *out);
 
 typedef struct {
     apr_int32_t slot;
@@ -36,15 +50,16 @@ typedef struct {
 } at_ticket_t;
 
 typedef struct {
-    apr_uint32_t limit, queue_cap, nslots, nwaiters;
+    apr_uint32_t limit, queue_cap, nslots, nwaiters, per_client;
     apr_uint32_t active, queued, over_cap;
     apr_int64_t timeout_us;
     apr_uint32_t retry_after;
     int dry_run;
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t rejected_predicted, aborted, reclaimed, lock_repairs;
-    apr_uint64_t dry_run_queued, dry_run_rejected;
+    apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
+    apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
     apr_uint64_t service_ewma_us;
+    apr_uint32_t clients; /* client addresses with a request in */
     at_hist_t wait_all, service_all;       /* since the zone was created */
     at_hist_t wait_recent, service_recent; /* the last 60 to 120 s */
     apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
@@ -83,11 +98,21 @@ apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
 at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
                             void *ctx);
 
+/* As at_zone_acquire, counting the request against client (NULL: nobody)
+ * for the zone's per_client limit. */
+at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
+                                const at_client_key_t *client, at_abort_fn fn,
+                                void *ctx);
+
 /* Returns the service time in us, or -1 if the slot had been reclaimed. */
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);
 
 /* Give back slots and queue places of dead processes; returns how many. */
 apr_uint32_t at_zone_reclaim(at_zone_t *z);
+
+/* The same, but gives up at once if the zone's lock is taken: for the
+ * server's parent, which must not hang on a stopped or hung child. */
+apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
 

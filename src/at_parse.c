@@ -157,6 +157,16 @@ static const char *parse_dry_run(apr_pool_t *p, const char *v, at_zone_conf_t *c
     return NULL;
 }
 
+static const char *parse_per_client(apr_pool_t *p, const char *v,
+                                    at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 1, AT_LIMIT_MAX + AT_QUEUE_MAX, &n);
+
+    c->per_client = (apr_uint32_t)n;
+    return err;
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -166,16 +176,17 @@ static const struct {
     {"timeout", parse_timeout},
     {"retry_after", parse_retry_after},
     {"dry_run", parse_dry_run},
+    {"per_client", parse_per_client},
 };
 
-#define KEY_LIST "limit, queue, timeout, retry_after, dry_run"
+#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
 const char *at_parse_zone_args(apr_pool_t *p, int argc,
                                const char *const *argv, at_zone_conf_t *out)
 {
-    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0};
+    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0, 0};
     int seen[NKEYS] = {0};
     int i;
     size_t k;

@@ -29,7 +29,7 @@
 #include <sys/syscall.h>
 #endif
 
-#define ZONE_MAGIC 0x41545a31u /* "ATZ1" */
+#define ZONE_MAGIC 0x41545a32u /* "ATZ2": the layout with per-client counts */
 #define NONE (-1)
 
 enum { W_FREE = 0, W_WAITING, W_GRANTED };
@@ -40,6 +40,7 @@ typedef struct {
     apr_int64_t since_us;
     apr_int32_t next_free;
     apr_int32_t pad;
+    at_client_key_t client;
 } at_slot_t;
 
 typedef struct {
@@ -50,12 +51,23 @@ typedef struct {
     apr_int32_t slot;       /* slot handed over, NONE while waiting */
     apr_int32_t prev, next; /* queue links; next also links the free list */
     apr_int32_t pad;
+    at_client_key_t client;
 } at_waiter_t;
+
+/* Requests in per client address: an open-addressed table with linear
+ * probing, an entry empty when its count is 0. Every counted request holds a
+ * slot or a waiting record, so at most nslots + nwaiters entries are in use
+ * and a table of twice that many is never more than half full. */
+typedef struct {
+    at_client_key_t key;
+    apr_uint32_t count;
+    apr_uint32_t pad;
+} at_client_t;
 
 struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;
-    apr_uint32_t limit, queue_cap, retry_after;
+    apr_uint32_t limit, queue_cap, retry_after, per_client;
     apr_int32_t dry_run;
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
@@ -68,16 +80,18 @@ struct at_zone {
     apr_uint64_t service_ewma_us;
 
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t rejected_predicted, aborted, reclaimed, lock_repairs;
-    apr_uint64_t dry_run_queued, dry_run_rejected;
-    apr_uint32_t over_cap;
+    apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
+    apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
+    apr_uint32_t over_cap, clients_in;
 
     at_hist_t wait_all, service_all;
     at_hist_t wait_win[2], service_win[2];
     apr_int64_t win_start_us;
     apr_int32_t win_cur;
 
-    apr_size_t slots_off, waiters_off;
+    apr_size_t slots_off, waiters_off, clients_off;
+    apr_uint32_t nclients; /* a power of two */
+    apr_uint64_t client_seed; /* so nobody can choose colliding addresses */
 };
 
 static at_log_fn logger;
@@ -128,10 +142,155 @@ static apr_uint32_t waiter_records(apr_uint32_t nslots, apr_uint32_t nwaiters)
     return nwaiters + nslots;
 }
 
+static apr_uint32_t client_entries(apr_uint32_t nslots, apr_uint32_t nwaiters)
+{
+    apr_uint64_t need = 2 * ((apr_uint64_t)nslots + waiter_records(nslots, nwaiters));
+    apr_uint32_t n = 16;
+
+    while (n < need) {
+        n <<= 1;
+    }
+    return n;
+}
+
 apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters)
 {
     return ALIGN64(sizeof(at_zone_t)) + ALIGN64(nslots * sizeof(at_slot_t))
-           + ALIGN64(waiter_records(nslots, nwaiters) * sizeof(at_waiter_t));
+           + ALIGN64(waiter_records(nslots, nwaiters) * sizeof(at_waiter_t))
+           + ALIGN64(client_entries(nslots, nwaiters) * sizeof(at_client_t));
+}
+
+static at_client_t *clients(at_zone_t *z)
+{
+    return (at_client_t *)((char *)z + z->clients_off);
+}
+
+/* ---- requests per client (lock held) -------------------------------- */
+
+void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, at_client_key_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!sa || !sa->ipaddr_ptr) {
+        return;
+    }
+#if APR_HAVE_IPV6
+    if (sa->family == APR_INET6) {
+        const unsigned char *a = sa->ipaddr_ptr;
+        static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                   0, 0, 0xff, 0xff};
+        if (memcmp(a, v4mapped, 12) == 0) {
+            memcpy(out->b, a, 16);
+        }
+        else {
+            memcpy(out->b, a, 8); /* the /64 */
+        }
+        return;
+    }
+#endif
+    if (sa->family == APR_INET && sa->ipaddr_len == 4) {
+        out->b[10] = out->b[11] = 0xff;
+        memcpy(out->b + 12, sa->ipaddr_ptr, 4);
+    }
+}
+
+static int client_none(const at_client_key_t *k)
+{
+    static const at_client_key_t zero;
+    return memcmp(k, &zero, sizeof(zero)) == 0;
+}
+
+static apr_uint64_t mix64(apr_uint64_t x)
+{
+    x ^= x >> 30;
+    x *= APR_UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= APR_UINT64_C(0x94d049bb133111eb);
+    return x ^ (x >> 31);
+}
+
+static apr_uint32_t client_home(const at_zone_t *z, const at_client_key_t *k)
+{
+    apr_uint64_t lo, hi;
+
+    memcpy(&lo, k->b, 8);
+    memcpy(&hi, k->b + 8, 8);
+    return (apr_uint32_t)(mix64(mix64(lo ^ z->client_seed) ^ hi) & (z->nclients - 1));
+}
+
+/* The entry for k, or the empty one where it would go. */
+static apr_uint32_t client_find(at_zone_t *z, const at_client_key_t *k)
+{
+    at_client_t *c = clients(z);
+    apr_uint32_t i = client_home(z, k), mask = z->nclients - 1;
+
+    while (c[i].count && memcmp(&c[i].key, k, sizeof(*k)) != 0) {
+        i = (i + 1) & mask;
+    }
+    return i;
+}
+
+static apr_uint32_t client_count(at_zone_t *z, const at_client_key_t *k)
+{
+    return client_none(k) ? 0 : clients(z)[client_find(z, k)].count;
+}
+
+static void client_add(at_zone_t *z, const at_client_key_t *k)
+{
+    at_client_t *c;
+
+    if (!z->per_client || client_none(k)) {
+        return;
+    }
+    c = &clients(z)[client_find(z, k)];
+    if (c->count++ == 0) {
+        c->key = *k;
+        z->clients_in++;
+    }
+}
+
+/* Emptying an entry shifts later ones of the same run back, so lookups
+ * never need tombstones and the table never fills with them. */
+static void client_remove(at_zone_t *z, const at_client_key_t *k)
+{
+    at_client_t *c = clients(z);
+    apr_uint32_t i, j, mask = z->nclients - 1;
+
+    if (!z->per_client || client_none(k)) {
+        return;
+    }
+    i = client_find(z, k);
+    if (c[i].count == 0 || --c[i].count > 0) {
+        return;
+    }
+    z->clients_in--;
+    for (j = (i + 1) & mask; c[j].count; j = (j + 1) & mask) {
+        apr_uint32_t home = client_home(z, &c[j].key);
+        /* Move j into the hole at i unless its home lies in (i, j]. */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            c[i] = c[j];
+            c[j].count = 0;
+            i = j;
+        }
+    }
+}
+
+/* The records are the truth: recount from them. */
+static void rebuild_client_counts(at_zone_t *z)
+{
+    apr_uint32_t i;
+
+    memset(clients(z), 0, z->nclients * sizeof(at_client_t));
+    z->clients_in = 0;
+    for (i = 0; i < z->nslots; i++) {
+        if (slots(z)[i].owner.pid != 0) {
+            client_add(z, &slots(z)[i].client);
+        }
+    }
+    for (i = 0; i < z->nwaiters; i++) {
+        if (waiters(z)[i].state == W_WAITING) {
+            client_add(z, &waiters(z)[i].client);
+        }
+    }
 }
 
 /* ---- waking one waiter ---------------------------------------------- */
@@ -221,6 +380,13 @@ static void queue_unlink(at_zone_t *z, apr_int32_t i)
     z->queued--;
 }
 
+/* A waiter leaves the queue without a slot: timeout, abort or death. */
+static void waiter_leave_queue(at_zone_t *z, apr_int32_t i)
+{
+    queue_unlink(z, i);
+    client_remove(z, &waiters(z)[i].client);
+}
+
 static void waiter_free(at_zone_t *z, apr_int32_t i)
 {
     at_waiter_t *w = &waiters(z)[i];
@@ -232,8 +398,11 @@ static void waiter_free(at_zone_t *z, apr_int32_t i)
     z->free_waiter = i;
 }
 
+/* The request's count against its client moves with it, from its waiting
+ * record to its slot; it is dropped when it leaves either. */
 static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
-                             apr_uint64_t ticket, apr_int64_t now)
+                             apr_uint64_t ticket, const at_client_key_t *client,
+                             apr_int64_t now)
 {
     apr_int32_t i = z->free_slot;
     at_slot_t *s = &slots(z)[i];
@@ -241,6 +410,7 @@ static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
     z->free_slot = s->next_free;
     s->ticket = ticket;
     s->since_us = now;
+    s->client = *client;
     s->owner = *owner;
     z->active++;
     return i;
@@ -250,6 +420,7 @@ static void slot_put(at_zone_t *z, apr_int32_t i)
 {
     at_slot_t *s = &slots(z)[i];
 
+    client_remove(z, &s->client);
     s->owner.pid = 0;
     s->ticket = 0;
     s->next_free = z->free_slot;
@@ -272,7 +443,7 @@ static void dispatch(at_zone_t *z)
         }
         queue_unlink(z, i);
         w[i].slot = z->free_slot;
-        slot_take(z, &w[i].owner, w[i].ticket, now);
+        slot_take(z, &w[i].owner, w[i].ticket, &w[i].client, now);
         w[i].state = W_GRANTED;
         wake_word(&w[i].wake);
     }
@@ -332,14 +503,13 @@ static void zone_repair(at_zone_t *z)
         }
         free(order);
     }
+    rebuild_client_counts(z);
     z->lock_repairs++;
     dispatch(z);
 }
 
-static int zone_lock(at_zone_t *z)
+static int zone_lock_result(at_zone_t *z, int rc)
 {
-    int rc = pthread_mutex_lock(&z->lock);
-
     if (rc == EOWNERDEAD) {
         zone_repair(z);
         pthread_mutex_consistent(&z->lock);
@@ -347,10 +517,22 @@ static int zone_lock(at_zone_t *z)
              "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
         return 0;
     }
-    if (rc != 0) {
+    if (rc != 0 && rc != EBUSY) {
         zlog(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
     }
     return rc;
+}
+
+static int zone_lock(at_zone_t *z)
+{
+    return zone_lock_result(z, pthread_mutex_lock(&z->lock));
+}
+
+/* For the server's parent, which must never wait on a child: EBUSY if the
+ * lock is held (by a process that may be stopped or hung). */
+static int zone_trylock(at_zone_t *z)
+{
+    return zone_lock_result(z, pthread_mutex_trylock(&z->lock));
 }
 
 static void zone_unlock(at_zone_t *z)
@@ -362,6 +544,12 @@ static void zone_unlock(at_zone_t *z)
 
 static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
+    int recount = c->per_client && !z->per_client;
+
+    z->per_client = c->per_client;
+    if (recount) {
+        rebuild_client_counts(z); /* counts lapse while the limit is off */
+    }
     z->limit = c->limit;
     z->queue_cap = c->queue;
     z->timeout_us = c->timeout_us;
@@ -386,6 +574,10 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     z->nwaiters = waiter_records(nslots, nwaiters);
     z->slots_off = ALIGN64(sizeof(at_zone_t));
     z->waiters_off = z->slots_off + ALIGN64(z->nslots * sizeof(at_slot_t));
+    z->clients_off = z->waiters_off + ALIGN64(z->nwaiters * sizeof(at_waiter_t));
+    z->nclients = client_entries(nslots, nwaiters);
+    z->client_seed = mix64((apr_uint64_t)at_now_us() ^ ((apr_uint64_t)getpid() << 32)
+                           ^ (apr_uint64_t)(apr_uintptr_t)mem);
     apply_conf(z, c);
     apr_cpystrn(z->name, name, sizeof(z->name));
 
@@ -463,7 +655,7 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
             continue;
         }
         if (w[i].state == W_WAITING) {
-            queue_unlink(z, (apr_int32_t)i);
+            waiter_leave_queue(z, (apr_int32_t)i);
         }
         /* A granted place's slot has the same dead owner: freed below. */
         waiter_free(z, (apr_int32_t)i);
@@ -482,7 +674,7 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
 
 /* Liveness is read from /proc outside the lock: collect the owners under the
  * lock, test them without it, then drop the dead ones' records. */
-apr_uint32_t at_zone_reclaim(at_zone_t *z)
+static apr_uint32_t zone_reclaim(at_zone_t *z, int (*lock)(at_zone_t *))
 {
     owner_set_t all, dead;
     apr_uint32_t i, n = 0;
@@ -491,7 +683,7 @@ apr_uint32_t at_zone_reclaim(at_zone_t *z)
     all.n = dead.n = 0;
     all.v = malloc(sizeof(at_owner_t) * (all.cap + 1));
     dead.v = malloc(sizeof(at_owner_t) * (dead.cap + 1));
-    if (!all.v || !dead.v || zone_lock(z) != 0) {
+    if (!all.v || !dead.v || lock(z) != 0) {
         free(all.v);
         free(dead.v);
         return 0;
@@ -512,7 +704,7 @@ apr_uint32_t at_zone_reclaim(at_zone_t *z)
             owner_set_add(&dead, &all.v[i]);
         }
     }
-    if (dead.n && zone_lock(z) == 0) {
+    if (dead.n && lock(z) == 0) {
         n = drop_dead_owners(z, &dead);
         zone_unlock(z);
         for (i = 0; i < dead.n; i++) {
@@ -523,6 +715,16 @@ apr_uint32_t at_zone_reclaim(at_zone_t *z)
     free(all.v);
     free(dead.v);
     return n;
+}
+
+apr_uint32_t at_zone_reclaim(at_zone_t *z)
+{
+    return zone_reclaim(z, zone_lock);
+}
+
+apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z)
+{
+    return zone_reclaim(z, zone_trylock);
 }
 
 static int reclaim_due(at_zone_t *z, apr_int64_t now)
@@ -571,9 +773,10 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
 }
 
 static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
-                      apr_int64_t now)
+                      const at_client_key_t *client, apr_int64_t now)
 {
-    t->slot = slot_take(z, self, t->ticket, now);
+    client_add(z, client);
+    t->slot = slot_take(z, self, t->ticket, client, now);
     t->granted_us = now;
     z->admitted++;
     record_wait(z, 0, now);
@@ -591,6 +794,20 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t)
     }
     z->dry_run_rejected++;
     return AT_DRY_RUN_REJECTED;
+}
+
+/* Dry run: the client was over its share; it runs, over the cap. */
+static at_result_t run_over_cap_client(at_zone_t *z, at_ticket_t *t)
+{
+    t->over_cap = 1;
+    z->over_cap++;
+    z->dry_run_rejected++;
+    return AT_DRY_RUN_REJECTED;
+}
+
+static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
+{
+    return z->per_client && client_count(z, client) >= z->per_client;
 }
 
 static int can_run_now(const at_zone_t *z)
@@ -624,7 +841,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             return AT_QUEUED;
         }
         if (now >= deadline) {
-            queue_unlink(z, wi);
+            waiter_leave_queue(z, wi);
             waiter_free(z, wi);
             z->rejected_timeout++;
             zone_unlock(z);
@@ -650,7 +867,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                 dispatch(z);
             }
             else {
-                queue_unlink(z, wi);
+                waiter_leave_queue(z, wi);
             }
             waiter_free(z, wi);
             z->aborted++;
@@ -667,6 +884,14 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
 at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
                             void *ctx)
 {
+    return at_zone_acquire_for(z, t, NULL, abort_fn, ctx);
+}
+
+at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
+                                const at_client_key_t *client,
+                                at_abort_fn abort_fn, void *ctx)
+{
+    static const at_client_key_t nobody;
     const at_owner_t *self = at_owner_self();
     apr_int64_t start = at_now_us();
     apr_int32_t wi;
@@ -687,8 +912,22 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
             return AT_ERROR;
         }
     }
+    if (!client) {
+        client = &nobody;
+    }
+    if (client_at_quota(z, client)) {
+        if (z->dry_run) {
+            r = run_over_cap_client(z, t);
+        }
+        else {
+            z->rejected_client++;
+            r = AT_REJECTED_CLIENT;
+        }
+        zone_unlock(z);
+        return r;
+    }
     if (can_run_now(z)) {
-        grant_now(z, t, self, start);
+        grant_now(z, t, self, client, start);
         zone_unlock(z);
         return AT_ADMITTED;
     }
@@ -707,8 +946,10 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
     waiters(z)[wi].owner = *self;
     waiters(z)[wi].ticket = t->ticket;
     waiters(z)[wi].slot = NONE;
+    waiters(z)[wi].client = *client;
     waiters(z)[wi].state = W_WAITING;
     queue_push(z, wi);
+    client_add(z, client);
     z->queued_total++;
     zone_unlock(z);
 
@@ -774,6 +1015,9 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->rejected_full = z->rejected_full;
     o->rejected_timeout = z->rejected_timeout;
     o->rejected_predicted = z->rejected_predicted;
+    o->rejected_client = z->rejected_client;
+    o->per_client = z->per_client;
+    o->clients = z->clients_in;
     o->aborted = z->aborted;
     o->reclaimed = z->reclaimed;
     o->lock_repairs = z->lock_repairs;

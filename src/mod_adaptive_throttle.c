@@ -20,6 +20,8 @@
 #include "apr_strings.h"
 
 #include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include "mod_status.h"
@@ -338,6 +340,39 @@ static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
     }
 }
 
+/* Fault injection for the test suite, armed only from the server's own
+ * environment: the first request to reach a zone takes the zone's lock and
+ * never lets go, so that a test can kill a process that holds it. */
+#define LOCK_HOLDER_ENV "MOD_ADAPTIVE_THROTTLE_TEST_LOCK_HOLDER"
+static const char *lock_holder_file;
+
+static void arm_lock_holder(server_rec *s)
+{
+    lock_holder_file = getenv(LOCK_HOLDER_ENV);
+    if (lock_holder_file) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, LOCK_HOLDER_ENV " is set: "
+                     "the first throttled request will hang holding a zone's lock "
+                     "(a test of lock recovery; never set it in production)");
+    }
+}
+
+static void maybe_hang_holding_lock(request_rec *r, at_zone_t *z)
+{
+    apr_file_t *f;
+
+    if (!lock_holder_file
+        || apr_file_open(&f, lock_holder_file, APR_FOPEN_WRITE | APR_FOPEN_CREATE
+                         | APR_FOPEN_EXCL, APR_FPROT_OS_DEFAULT, r->pool) != APR_SUCCESS) {
+        return;
+    }
+    at_zone_debug_take_lock(z); /* first, so the pid is written by a holder */
+    apr_file_printf(f, "%d\n", (int)getpid());
+    apr_file_close(f);
+    for (;;) {
+        pause();
+    }
+}
+
 static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                                 apr_pool_t *ptemp, server_rec *s)
 {
@@ -378,6 +413,7 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
         ref->zone = z;
         warn_if_workers_short(s, ref);
     }
+    arm_lock_holder(s);
     return OK;
 }
 
@@ -389,7 +425,7 @@ static void reclaim_all(void)
         return;
     }
     for (hi = apr_hash_first(NULL, retained->zones); hi; hi = apr_hash_next(hi)) {
-        at_zone_reclaim(apr_hash_this_val(hi));
+        at_zone_reclaim_nowait(apr_hash_this_val(hi));
     }
 }
 
@@ -545,6 +581,7 @@ static const char *result_name(at_result_t res)
     case AT_QUEUED: return "queued";
     case AT_REJECTED_FULL: return "rejected-full";
     case AT_REJECTED_TIMEOUT: return "rejected-timeout";
+    case AT_REJECTED_CLIENT: return "rejected-client";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -558,6 +595,7 @@ static int throttle_handler(request_rec *r)
     dir_conf_t *d;
     zone_ref_t *ref;
     req_state_t *st;
+    at_client_key_t client;
     at_result_t res;
 
     if (r->main) {
@@ -584,7 +622,11 @@ static int throttle_handler(request_rec *r)
         return DECLINED;
     }
 
-    res = at_zone_acquire(ref->zone, &st->ticket, client_gone, r);
+    /* useragent_addr is the connection's peer unless the administrator has
+     * told mod_remoteip which proxies to believe. */
+    at_client_key_from_sockaddr(r->useragent_addr, &client);
+    maybe_hang_holding_lock(r, ref->zone);
+    res = at_zone_acquire_for(ref->zone, &st->ticket, &client, client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s%s, waited %" APR_INT64_T_FMT
@@ -605,6 +647,7 @@ static int throttle_handler(request_rec *r)
         return DECLINED;
     case AT_REJECTED_FULL:
     case AT_REJECTED_TIMEOUT:
+    case AT_REJECTED_CLIENT:
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
         return HTTP_SERVICE_UNAVAILABLE;

@@ -39,7 +39,8 @@ enum {
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
-    F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED,
+    F_PER_CLIENT, F_CLIENTS,
+    F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED, F_REJ_CLIENT,
     F_ABORTED, F_RECLAIMED, F_LOCK_REPAIRS, F_DRY_QUEUED, F_DRY_REJECTED,
     NFIELDS
 };
@@ -68,11 +69,14 @@ static const field_t fields[NFIELDS] = {
     {"ServiceP90Ms", "service_p90_ms", NULL, NULL, GAUGE, NULL},
     {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL},
     {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL},
+    {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit."},
+    {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set)."},
     {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting."},
     {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot."},
     {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason."},
     {"RejectedTimeout", "rejected_timeout", "rejected_total", "reason=\"timeout\"", COUNTER, NULL},
     {"RejectedPredicted", "rejected_predicted", "rejected_total", "reason=\"predicted\"", COUNTER, NULL},
+    {"RejectedClient", "rejected_client", "rejected_total", "reason=\"client\"", COUNTER, NULL},
     {"Aborted", "aborted", "aborted_total", NULL, COUNTER, "Waiting requests whose client went away."},
     {"Reclaimed", "reclaimed", "reclaimed_total", NULL, COUNTER, "Slots and queue places given back after their process died."},
     {"LockRepairs", "lock_repairs", "lock_repairs_total", NULL, COUNTER, "Times the zone was rebuilt after a process died holding its lock."},
@@ -121,6 +125,9 @@ static void fill_values(zone_view_t *z)
     v[F_REJ_FULL] = (double)s->rejected_full;
     v[F_REJ_TIMEOUT] = (double)s->rejected_timeout;
     v[F_REJ_PREDICTED] = (double)s->rejected_predicted;
+    v[F_REJ_CLIENT] = (double)s->rejected_client;
+    v[F_PER_CLIENT] = s->per_client;
+    v[F_CLIENTS] = s->clients;
     v[F_ABORTED] = (double)s->aborted;
     v[F_RECLAIMED] = (double)s->reclaimed;
     v[F_LOCK_REPAIRS] = (double)s->lock_repairs;

@@ -11,14 +11,6 @@ use Time::HiRes qw(time sleep);
 
 plan tests => 5, need_cgi;
 
-sub open_request {
-    my ($path) = @_;
-    my ($host, $port) = split /:/, hostport();
-    my $s = IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port) or die $!;
-    print $s "GET $path HTTP/1.1\r\nHost: $host\r\n\r\n";
-    return $s;
-}
-
 probe_reset('abrt');
 my $before = status_auto()->{'Throttle.abrt.Aborted'};
 my $hold = bg_get('/abrt/probe.cgi?tag=abrt&sleep=3000&id=hold');

@@ -7,7 +7,7 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(time sleep);
 
-plan tests => 5, need_cgi;
+plan tests => 10, need_cgi;
 
 probe_reset('killed');
 my $victim = bg_get('/killed/probe.cgi?tag=killed&sleep=15000&id=victim');
@@ -42,3 +42,42 @@ bg_wait($victim);
 my $s = status_auto();
 ok t_cmp($s->{'Throttle.killed.Reclaimed'} >= 1, 1, 'counted as reclaimed');
 ok t_cmp($s->{'Throttle.killed.Active'}, 0, 'nothing held any more');
+
+# A child SIGKILLed while its request waits in the queue: the queue place
+# comes back, the counts are exact, and the requests of other processes go
+# on: the waiter behind it moves up and is served.
+probe_reset('killq');
+my $before = status_auto()->{'Throttle.killq.Reclaimed'};
+my $holder = open_request('/killq/probe.cgi?tag=killq&sleep=3000&id=holder');
+wait_until(sub { (probe_count('killq'))[0] == 1 }) or die 'holder never started';
+my $w1 = open_request('/killq/probe.cgi?tag=killq&id=w1');
+wait_until(sub { status_auto()->{'Throttle.killq.Queued'} == 1 }) or die 'w1 not queued';
+my $w2 = open_request('/killq/probe.cgi?tag=killq&id=w2');
+wait_until(sub { status_auto()->{'Throttle.killq.Queued'} == 2 }) or die 'w2 not queued';
+my %pid_of = (holder => server_process_of($holder), w1 => server_process_of($w1),
+              w2 => server_process_of($w2));
+die 'cannot find the process of w1' unless $pid_of{w1};
+kill 'KILL', $pid_of{w1};
+$t0 = time;
+wait_until(sub { status_auto()->{'Throttle.killq.Queued'} <= 1 }, 5);
+my $took = time - $t0;
+print STDERR sprintf("# kill.t: SIGKILLed waiter's queue place back after %.3f s\n", $took);
+ok t_cmp($took < 2, 1, sprintf('queue place back after %.3f s', $took));
+# Under worker and event other requests may share the killed process: each
+# of its records comes back.
+my $in_victim = grep { ($pid_of{$_} // 0) == $pid_of{w1} } qw(holder w1 w2);
+ok t_cmp(status_auto()->{'Throttle.killq.Reclaimed'} - $before, $in_victim,
+         "the killed process's $in_victim record(s) reclaimed");
+
+sub answer_of { my ($s) = @_; local $/; my $raw = <$s> // ''; ($raw =~ m{^HTTP/\S+ (\d+)})[0] // 0 }
+my @others = grep { ($pid_of{$_} // 0) != $pid_of{w1} } qw(holder w2);
+my %got = (holder => answer_of($holder), w2 => answer_of($w2));
+ok t_cmp(join(' ', map { "$_=$got{$_}" } @others), join(' ', map { "$_=200" } @others),
+         'the requests of other processes were served (' . join(', ', @others) . ')')
+    or print STDERR '# processes: ', join(', ', map { "$_=" . ($pid_of{$_} // '?') } sort keys %pid_of),
+                    '; answers: ', join(', ', map { "$_=$got{$_}" } sort keys %got), "\n";
+my @ran = map { $_->[0] } probe_order('killq');
+ok t_cmp(scalar(grep { $_ eq 'w1' } @ran), 0, "the killed waiter's CGI never ran");
+my $s2 = status_auto();
+ok t_cmp("$s2->{'Throttle.killq.Active'} $s2->{'Throttle.killq.Queued'}", '0 0',
+         'counts back to exactly 0 running, 0 waiting');

@@ -29,6 +29,12 @@ sub with_count {
         print $o "$id $$ ", getppid(), "\n";
         close $o;
     }
+    # Every start and end with its time, to find out afterwards who ran at once.
+    if (open(my $e, '>>', "$dir/$tag.events")) {
+        printf $e "%s %.6f %d %d %d\n", $delta > 0 ? '+' : '-', Time::HiRes::time(), $$,
+            getppid(), $cur;
+        close $e;
+    }
     close $fh;
 }
 

@@ -14,7 +14,8 @@ use Apache::TestRequest;
 
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count
                  probe_order probe_reset wait_until hostport server_pid
-                 load_loop restarts_seen private_server children_of);
+                 load_loop restarts_seen private_server children_of
+                 open_request server_process_of);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -27,17 +28,21 @@ sub probe_dir {
     $dir;
 }
 
+# from => '127.0.0.2' connects from another loopback address: another
+# client, as far as the server can tell.
 sub connect_server {
+    my (%opt) = @_;
     my ($host, $port) = split /:/, hostport();
     IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => 'tcp',
-                          Timeout => 10) or die "connect $host:$port: $!";
+                          Timeout => 10, ($opt{from} ? (LocalAddr => $opt{from}) : ()))
+        or die "connect $host:$port: $!";
 }
 
 # GET $path; returns { status, headers (lower-case keys), body, secs }.
 sub http_get {
     my ($path, %opt) = @_;
     my $t0 = time;
-    my $sock = connect_server();
+    my $sock = connect_server(%opt);
     my $extra = join '', map { "$_: $opt{headers}{$_}\r\n" } keys %{ $opt{headers} || {} };
     print $sock "GET $path HTTP/1.0\r\nHost: " . hostport() . "\r\n$extra\r\n";
     local $/;
@@ -166,13 +171,14 @@ sub restarts_seen {
 
 # A second, private httpd on a free loopback port, with the modules of the
 # suite's own configuration (minus those named in $opt{without}) and the
-# given configuration lines. Returns { dir, port, pid, get(path), stop(),
+# given configuration lines; it is up when $opt{ready} (default /hello.txt)
+# answers 200. Returns { dir, port, pid, get(path), stop(),
 # log() }. It is stopped by pid, and only by the test that started it.
 sub private_server {
     my ($conf, %opt) = @_;
     my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
     my $httpd = $ENV{HTTPD} || Apache::Test::vars('httpd');
-    my $dir = tempdir(CLEANUP => 1);
+    my $dir = tempdir(CLEANUP => !$ENV{KEEP});
     chmod 0755, $dir;
     my $port = do {
         my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
@@ -222,7 +228,8 @@ CONF
         my (undef, $body) = split /\r\n\r\n/, $raw, 2;
         return { status => $status // 0, body => $body // '', raw => $raw };
     };
-    wait_until(sub { $srv->{get}->('/hello.txt')->{status} == 200 }, 10)
+    my $ready = $opt{ready} // '/hello.txt';
+    wait_until(sub { $srv->{get}->($ready)->{status} == 200 }, 10)
         or die 'private httpd does not answer';
     $srv->{log} = sub { $read->("$dir/error_log") };
     $srv->{stop} = sub {
@@ -230,6 +237,38 @@ CONF
         wait_until(sub { !kill 0, $srv->{pid} }, 15);
     };
     return $srv;
+}
+
+# A request sent on a connection the caller keeps (to close it, or to read
+# the answer later).
+sub open_request {
+    my ($path, %opt) = @_;
+    my $s = connect_server(%opt);
+    print $s "GET $path HTTP/1.0\r\nHost: " . hostport() . "\r\n\r\n";
+    return $s;
+}
+
+# The server process holding the other end of a client socket: the
+# connection's inode from /proc/net/tcp, then the process with that inode
+# among its open files. Needs root, as the suite runs.
+sub server_process_of {
+    my ($sock) = @_;
+    my $want = sprintf ':%04X', $sock->sockport;
+    my $server = sprintf ':%04X', $sock->peerport;
+    my $inode;
+    open my $fh, '<', '/proc/net/tcp' or return;
+    while (<$fh>) {
+        my @f = split;
+        next unless @f > 9 && $f[1] =~ /\Q$server\E$/ && $f[2] =~ /\Q$want\E$/;
+        $inode = $f[9];
+        last;
+    }
+    return unless $inode;
+    for my $fd (glob '/proc/[0-9]*/fd/*') {
+        my $l = readlink($fd) // next;
+        return ($fd =~ m{^/proc/(\d+)/})[0] if $l eq "socket:[$inode]";
+    }
+    return;
 }
 
 # Child processes of a pid, from /proc.

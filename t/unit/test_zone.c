@@ -229,25 +229,7 @@ static void test_abort_leaves_queue(void **state)
 /* Fork a child that takes a slot and exits without giving it back. */
 static pid_t child_holding_slot(at_zone_t *z)
 {
-    int fd[2];
-    char c;
-    pid_t pid;
-
-    assert_int_equal(pipe(fd), 0);
-    pid = fork();
-    if (pid == 0) {
-        at_ticket_t t;
-        c = at_zone_acquire(z, &t, NULL, NULL) == AT_ADMITTED ? 'y' : 'n';
-        if (write(fd[1], &c, 1) != 1) {
-            _exit(2);
-        }
-        _exit(0);
-    }
-    assert_int_equal(read(fd[0], &c, 1), 1);
-    assert_int_equal(c, 'y');
-    close(fd[0]);
-    close(fd[1]);
-    return pid;
+    return fork_holder(z, NULL, 0);
 }
 
 static void test_reclaim_zombie_holder(void **state)
@@ -372,7 +354,7 @@ static void test_lock_holder_dies(void **state)
 
 static void test_reconfigure_keeps_state(void **state)
 {
-    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0};
+    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0};
     apr_size_t size = at_zone_size(4, 8);
     at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -403,7 +385,7 @@ static void test_reconfigure_keeps_state(void **state)
 
 static void test_retry_after(void **state)
 {
-    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0};
+    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0, 0};
     at_zone_t *z = zone_new(2, 4, 1000 * MS);
     (void)state;
 
@@ -415,7 +397,7 @@ static void test_retry_after(void **state)
 
 static void test_dry_run_never_refuses(void **state)
 {
-    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1};
+    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1, 0};
     at_zone_t *z = zone_new(1, 2, 100 * MS);
     at_ticket_t t[5];
     at_zone_stats_t s;

@@ -3,25 +3,32 @@
 #define ZONE_TEST_UTIL_H
 
 #include <sys/mman.h>
+#include <unistd.h>
 #include "at_zone.h"
 
 /* A zone in anonymous shared memory, so fork()ed children share it. It has
  * spare records, as the module's zones do, so that the limit and the queue
  * capacity, not the size of the arrays, are what is tested. */
-static inline at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue,
-                                  apr_int64_t timeout_us)
+static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 {
-    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO, 0};
-    apr_uint32_t nslots = limit * 2 + 4, nwaiters = queue * 2 + 4;
+    apr_uint32_t nslots = c->limit * 2 + 4, nwaiters = c->queue * 2 + 4;
     apr_size_t size = at_zone_size(nslots, nwaiters);
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 
     if (mem == MAP_FAILED
-        || at_zone_init(mem, size, "test", &c, nslots, nwaiters)) {
+        || at_zone_init(mem, size, "test", c, nslots, nwaiters)) {
         return NULL;
     }
     return mem;
+}
+
+static inline at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue,
+                                  apr_int64_t timeout_us)
+{
+    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO, 0, 0};
+
+    return zone_new_conf(&c);
 }
 
 static inline void zone_free(at_zone_t *z)
@@ -31,5 +38,35 @@ static inline void zone_free(at_zone_t *z)
     at_zone_stats(z, &s);
     munmap(z, at_zone_size(s.nslots, s.nwaiters));
 }
+
+#ifdef cmocka_unit_test
+/* Fork a child that takes a slot for client (NULL: nobody) and never gives
+ * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
+static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
+{
+    int fd[2];
+    char c;
+    pid_t pid;
+
+    assert_int_equal(pipe(fd), 0);
+    pid = fork();
+    if (pid == 0) {
+        at_ticket_t t;
+        c = at_zone_acquire_for(z, &t, client, NULL, NULL) == AT_ADMITTED ? 'y' : 'n';
+        if (write(fd[1], &c, 1) != 1) {
+            _exit(2);
+        }
+        while (stay) {
+            pause();
+        }
+        _exit(0);
+    }
+    assert_int_equal(read(fd[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
+    close(fd[0]);
+    close(fd[1]);
+    return pid;
+}
+#endif
 
 #endif
