@@ -1,0 +1,51 @@
+/*
+ * The adaptive limit's controller (limit=auto): from what a zone measured
+ * over a window of time, decide the limit for the next one. Pure
+ * arithmetic on a small state kept in the zone; no clocks, no locks, so it
+ * can be driven by a simulated workload in the unit tests.
+ *
+ * The algorithm and why: docs/adaptive-limit.md.
+ */
+#ifndef AT_LIMIT_H
+#define AT_LIMIT_H
+
+#include <apr.h>
+
+/* A window is judged only with this many completions in it. */
+#define AT_LIMIT_MIN_SAMPLES 20
+/* Informative windows spent at the best level between two probes. */
+#define AT_LIMIT_HOLD 3
+
+/* What a zone saw during one window. */
+typedef struct {
+    apr_uint32_t completed; /* requests that gave their slot back */
+    double service_us;      /* their mean service time (slot held) */
+    double inflight;        /* time-weighted mean of requests running */
+    double limited;         /* share of the window (0 - 1) with requests waiting */
+    double secs;            /* length of the window */
+} at_window_t;
+
+typedef struct {
+    double limit;          /* the current value; the zone runs round(limit) */
+    apr_uint32_t min, max;
+    int dir;               /* direction of the step under test: +1, -1, 0 */
+    apr_uint32_t run;      /* steps taken in that direction in a row */
+    apr_uint32_t hold;     /* windows left before the next probe */
+    int next_probe;        /* direction of the next probe */
+    double settled;        /* the level to go back to after a failed probe */
+    double last_x, last_c; /* throughput and concurrency of the previous window */
+    double baseline_us;    /* service time at the settled level */
+    double recent_us;      /* service time of the last judged window */
+    apr_uint64_t changes;  /* times round(limit) changed */
+} at_limit_t;
+
+void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
+                   apr_uint32_t max);
+
+/* Feed one window; returns 1 if the limit the zone runs changed. */
+int at_limit_update(at_limit_t *c, const at_window_t *w);
+
+/* The limit the zone runs: round(limit), within [min, max]. */
+apr_uint32_t at_limit_value(const at_limit_t *c);
+
+#endif

@@ -1,0 +1,141 @@
+/*
+ * The adaptive limit's controller: a hill climb on throughput that prefers
+ * the lowest limit giving the most throughput. See docs/adaptive-limit.md.
+ *
+ * It judges each step by what it did to throughput (completions per
+ * second), not by latency against a remembered baseline: a baseline has to
+ * be measured at low concurrency, and getting one under load means pinning
+ * the limit down, which is what makes other controllers refuse requests
+ * while they re-measure.
+ */
+#include "at_limit.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A step is worth it when at least this share of the relative change in
+ * concurrency shows as a relative change in throughput. */
+#define WORTH 0.3
+/* Steps smaller than this change in concurrency cannot be judged. */
+#define MIN_REL_CHANGE 0.02
+
+static double clamp(const at_limit_t *c, double v)
+{
+    return v < c->min ? c->min : v > c->max ? c->max : v;
+}
+
+void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
+                   apr_uint32_t max)
+{
+    memset(c, 0, sizeof(*c));
+    c->min = min ? min : 1;
+    c->max = max < c->min ? c->min : max;
+    c->limit = clamp(c, start);
+    c->settled = c->limit;
+    c->next_probe = +1;
+}
+
+apr_uint32_t at_limit_value(const at_limit_t *c)
+{
+    return (apr_uint32_t)floor(clamp(c, c->limit) + 0.5);
+}
+
+/* 10 %, then doubling with each step in a row up to 80 %, and at least 1,
+ * so that the number of requests running really changes. */
+static void take_step(at_limit_t *c, int dir)
+{
+    double frac = 0.1 * (double)(1u << (c->run < 3 ? c->run : 3));
+    double delta = c->limit * frac;
+
+    if (delta < 1) {
+        delta = 1;
+    }
+    c->limit = clamp(c, c->limit + dir * delta);
+    c->dir = dir;
+    c->run++;
+}
+
+/* The step did not pay: back to the last good level, stay there a while,
+ * then try the other way. */
+static void settle(at_limit_t *c)
+{
+    c->next_probe = c->dir ? -c->dir : -c->next_probe;
+    c->limit = c->settled;
+    c->dir = 0;
+    c->run = 0;
+    c->hold = AT_LIMIT_HOLD;
+}
+
+/* Whether the step under test paid: up, throughput rose with concurrency;
+ * down, throughput did not fall with it. -1: cannot tell. */
+static int step_paid(const at_limit_t *c, double x, double conc)
+{
+    double rel_c = conc / c->last_c - 1, rel_x = x / c->last_x - 1;
+    double gain;
+
+    if (fabs(rel_c) < MIN_REL_CHANGE || (rel_c > 0) != (c->dir > 0)) {
+        return -1;
+    }
+    gain = rel_x / rel_c;
+    return c->dir > 0 ? gain >= WORTH : gain < WORTH;
+}
+
+static void judge_step(at_limit_t *c, double x, double conc)
+{
+    if (step_paid(c, x, conc) == 1) {
+        c->settled = c->limit;
+        take_step(c, c->dir);
+    }
+    else {
+        settle(c);
+    }
+}
+
+static void hold_or_probe(at_limit_t *c, double service_us)
+{
+    c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
+                                         : service_us;
+    if (c->hold > 0) {
+        c->hold--;
+        return;
+    }
+    c->run = 0;
+    take_step(c, c->next_probe);
+}
+
+int at_limit_update(at_limit_t *c, const at_window_t *w)
+{
+    apr_uint32_t before = at_limit_value(c);
+    double x, conc;
+
+    if (w->completed < AT_LIMIT_MIN_SAMPLES || w->secs <= 0 || w->inflight <= 0) {
+        return 0;
+    }
+    x = w->completed / w->secs;
+    conc = w->inflight;
+    c->recent_us = w->service_us;
+    if (w->limited < 0.5) {
+        /* Demand stayed under the limit: nobody waited, so the level is
+         * good enough, and the window says nothing about another one. The
+         * limit never grows here, however fast requests are served. */
+        c->settled = c->limit;
+        c->dir = 0;
+        c->run = 0;
+        c->last_x = 0;
+    }
+    else if (c->dir && c->last_x > 0) {
+        judge_step(c, x, conc);
+    }
+    else {
+        hold_or_probe(c, w->service_us);
+    }
+    if (w->limited >= 0.5) {
+        c->last_x = x;
+        c->last_c = conc;
+    }
+    if (at_limit_value(c) != before) {
+        c->changes++;
+        return 1;
+    }
+    return 0;
+}
