@@ -19,7 +19,8 @@
 /* What a zone saw during one window. */
 typedef struct {
     apr_uint32_t completed; /* requests that gave their slot back */
-    double service_us;      /* their mean service time (slot held) */
+    double service_us;      /* their mean service time (slot held), without
+                               the slowest one */
     double inflight;        /* time-weighted mean of requests running */
     double limited;         /* share of the window (0 - 1) with requests waiting */
     double secs;            /* length of the window */

@@ -22,7 +22,14 @@ typedef struct {
     apr_uint32_t retry_after; /* seconds; AT_RETRY_AFTER_AUTO = estimate */
     int dry_run;              /* decide and count, never delay or refuse */
     apr_uint32_t per_client;  /* running + waiting per client; 0: no limit */
+    int limit_auto;           /* limit=auto: limit is only where it starts */
+    apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
 } at_zone_conf_t;
+
+/* limit=auto starts at this many times the online CPUs; its default bounds
+ * are 1 and AT_AUTO_MAX_PER_CPU times the online CPUs. */
+#define AT_AUTO_START_PER_CPU 2
+#define AT_AUTO_MAX_PER_CPU 16
 
 const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out);

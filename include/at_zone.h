@@ -25,7 +25,8 @@ typedef enum {
     AT_ERROR,             /* the shared lock is unusable: caller fails open */
     AT_DRY_RUN_QUEUED,    /* dry run: would have waited; runs now, no slot */
     AT_DRY_RUN_REJECTED,  /* dry run: would have got 503; runs now, no slot */
-    AT_REJECTED_CLIENT    /* the client already has per_client requests in */
+    AT_REJECTED_CLIENT,   /* the client already has per_client requests in */
+    AT_REJECTED_PREDICTED /* limit=auto: its wait would outlast the timeout */
 } at_result_t;
 
 /* Who a request is counted against under per_client: a client address
@@ -60,6 +61,10 @@ typedef struct {
     apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
     apr_uint64_t service_ewma_us;
     apr_uint32_t clients; /* client addresses with a request in */
+    int limit_auto;
+    apr_uint32_t limit_min, limit_max; /* = limit for a fixed limit */
+    apr_uint64_t limit_changes;
+    double baseline_us, recent_us; /* limit=auto: service time settled, last */
     at_hist_t wait_all, service_all;       /* since the zone was created */
     at_hist_t wait_recent, service_recent; /* the last 60 to 120 s */
     apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
@@ -77,6 +82,10 @@ void at_set_logger(at_log_fn fn);
  * how often a zone checks its owners for dead processes. */
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
+/* limit=auto judges windows of at least this long, with enough requests
+ * (AT_LIMIT_MIN_SAMPLES) or else at most this long. */
+#define AT_AUTO_WINDOW_MIN_US 500000
+#define AT_AUTO_WINDOW_MAX_US 10000000
 /* Recent percentiles cover the current and the previous window. */
 #define AT_WINDOW_US (60 * APR_INT64_C(1000000))
 

@@ -2,8 +2,8 @@
  * The adaptive limit's controller: a hill climb on throughput that prefers
  * the lowest limit giving the most throughput. See docs/adaptive-limit.md.
  *
- * It judges each step by what it did to throughput (completions per
- * second), not by latency against a remembered baseline: a baseline has to
+ * It judges each step by what it did to throughput (requests running per
+ * second of service), not by latency against a remembered baseline: one has to
  * be measured at low concurrency, and getting one under load means pinning
  * the limit down, which is what makes other controllers refuse requests
  * while they re-measure.
@@ -15,7 +15,7 @@
 
 /* A step is worth it when at least this share of the relative change in
  * concurrency shows as a relative change in throughput. */
-#define WORTH 0.3
+#define WORTH 0.5
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
 
@@ -40,11 +40,11 @@ apr_uint32_t at_limit_value(const at_limit_t *c)
     return (apr_uint32_t)floor(clamp(c, c->limit) + 0.5);
 }
 
-/* 10 %, then doubling with each step in a row up to 80 %, and at least 1,
+/* 20 %, then doubling with each step in a row up to 80 %, and at least 1,
  * so that the number of requests running really changes. */
 static void take_step(at_limit_t *c, int dir)
 {
-    double frac = 0.1 * (double)(1u << (c->run < 3 ? c->run : 3));
+    double frac = 0.2 * (double)(1u << (c->run < 2 ? c->run : 2));
     double delta = c->limit * frac;
 
     if (delta < 1) {
@@ -108,10 +108,13 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     apr_uint32_t before = at_limit_value(c);
     double x, conc;
 
-    if (w->completed < AT_LIMIT_MIN_SAMPLES || w->secs <= 0 || w->inflight <= 0) {
+    if (w->completed < AT_LIMIT_MIN_SAMPLES || w->secs <= 0 || w->inflight <= 0
+        || w->service_us <= 0) {
         return 0;
     }
-    x = w->completed / w->secs;
+    /* Little's law: throughput = running / service time. Counting
+     * completions would be noisier: 20 of them in a window come in waves. */
+    x = w->inflight * 1e6 / w->service_us;
     conc = w->inflight;
     c->recent_us = w->service_us;
     if (w->limited < 0.5) {

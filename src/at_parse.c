@@ -6,6 +6,7 @@
 #include <apr_lib.h>
 #include <apr_strings.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out)
@@ -107,7 +108,8 @@ static const char *parse_limit(apr_pool_t *p, const char *v, at_zone_conf_t *c)
     const char *err;
 
     if (strcasecmp(v, "auto") == 0) {
-        return "'auto' is not available in this version; give a number";
+        c->limit_auto = 1;
+        return NULL;
     }
     err = at_parse_uint(p, v, 1, AT_LIMIT_MAX, &n);
     c->limit = (apr_uint32_t)n;
@@ -157,6 +159,25 @@ static const char *parse_dry_run(apr_pool_t *p, const char *v, at_zone_conf_t *c
     return NULL;
 }
 
+static const char *parse_bound(apr_pool_t *p, const char *v, apr_uint32_t *out)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 1, AT_LIMIT_MAX, &n);
+
+    *out = (apr_uint32_t)n;
+    return err;
+}
+
+static const char *parse_min(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    return parse_bound(p, v, &c->limit_min);
+}
+
+static const char *parse_max(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    return parse_bound(p, v, &c->limit_max);
+}
+
 static const char *parse_per_client(apr_pool_t *p, const char *v,
                                     at_zone_conf_t *c)
 {
@@ -177,16 +198,54 @@ static const struct {
     {"retry_after", parse_retry_after},
     {"dry_run", parse_dry_run},
     {"per_client", parse_per_client},
+    {"min", parse_min},
+    {"max", parse_max},
 };
 
-#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client"
+#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
+
+static apr_uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n > 0 ? (apr_uint32_t)n : 1;
+}
+
+/* min and max bound an automatic limit, which starts at twice the CPUs. */
+static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c, int has_min,
+                                     int has_max)
+{
+    apr_uint64_t start, top;
+
+    if (!c->limit_auto) {
+        return has_min || has_max ? "the keys 'min' and 'max' go with limit=auto" : NULL;
+    }
+    if (!has_min) {
+        c->limit_min = 1;
+    }
+    if (!has_max) {
+        top = (apr_uint64_t)online_cpus() * AT_AUTO_MAX_PER_CPU;
+        c->limit_max = (apr_uint32_t)(top > AT_LIMIT_MAX ? AT_LIMIT_MAX : top);
+        if (c->limit_max < c->limit_min) {
+            c->limit_max = c->limit_min;
+        }
+    }
+    if (c->limit_min > c->limit_max) {
+        return apr_psprintf(p, "min (%u) is greater than max (%u)", c->limit_min,
+                            c->limit_max);
+    }
+    start = (apr_uint64_t)online_cpus() * AT_AUTO_START_PER_CPU;
+    c->limit = (apr_uint32_t)(start < c->limit_min ? c->limit_min
+                              : start > c->limit_max ? c->limit_max : start);
+    return NULL;
+}
 
 const char *at_parse_zone_args(apr_pool_t *p, int argc,
                                const char *const *argv, at_zone_conf_t *out)
 {
-    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0, 0};
+    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0};
     int seen[NKEYS] = {0};
     int i;
     size_t k;
@@ -221,7 +280,13 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
         }
     }
     if (!seen[0]) {
-        return "the key 'limit' is required (e.g. limit=4)";
+        return "the key 'limit' is required (e.g. limit=4 or limit=auto)";
+    }
+    {
+        const char *err = settle_auto_limit(p, &c, seen[NKEYS - 2], seen[NKEYS - 1]);
+        if (err) {
+            return err;
+        }
     }
     if (!seen[1]) {
         apr_uint64_t q = (apr_uint64_t)c.limit * 10;

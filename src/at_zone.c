@@ -12,6 +12,7 @@
 #endif
 #include "at_zone.h"
 #include "at_owner.h"
+#include "at_limit.h"
 
 #include <apr_strings.h>
 #include <errno.h>
@@ -29,7 +30,7 @@
 #include <sys/syscall.h>
 #endif
 
-#define ZONE_MAGIC 0x41545a32u /* "ATZ2": the layout with per-client counts */
+#define ZONE_MAGIC 0x41545a33u /* "ATZ3": with per-client counts and limit=auto */
 #define NONE (-1)
 
 enum { W_FREE = 0, W_WAITING, W_GRANTED };
@@ -91,6 +92,13 @@ struct at_zone {
 
     apr_size_t slots_off, waiters_off, clients_off;
     apr_uint32_t nclients; /* a power of two */
+
+    /* limit=auto: the controller, and what the current window measured */
+    apr_int32_t limit_auto;
+    at_limit_t ctl;
+    apr_int64_t cw_start_us, cw_last_us;
+    double cw_active_us, cw_waited_us, cw_service_us, cw_service_max_us;
+    apr_uint32_t cw_completed, cw_refused;
     apr_uint64_t client_seed; /* so nobody can choose colliding addresses */
 };
 
@@ -523,16 +531,50 @@ static int zone_lock_result(at_zone_t *z, int rc)
     return rc;
 }
 
+/* limit=auto: what ran and what waited, integrated over time. Every change
+ * of active or queued happens under the lock, so adding up at each lock
+ * taken, with the values left by the last holder, is exact. */
+static void window_integrate(at_zone_t *z, apr_int64_t now)
+{
+    apr_int64_t dt = now - (z->cw_last_us > z->cw_start_us ? z->cw_last_us : z->cw_start_us);
+
+    if (now < z->cw_start_us) {
+        return; /* settling after a change: not measured */
+    }
+    if (dt > 0) {
+        z->cw_active_us += (double)z->active * (double)dt;
+        if (z->queued > 0) {
+            z->cw_waited_us += (double)dt;
+        }
+        z->cw_last_us = now;
+    }
+}
+
+static void window_reset(at_zone_t *z, apr_int64_t now)
+{
+    z->cw_start_us = z->cw_last_us = now;
+    z->cw_active_us = z->cw_waited_us = z->cw_service_us = z->cw_service_max_us = 0;
+    z->cw_completed = z->cw_refused = 0;
+}
+
+static int locked(at_zone_t *z, int rc)
+{
+    if (rc == 0 && z->limit_auto) {
+        window_integrate(z, at_now_us());
+    }
+    return rc;
+}
+
 static int zone_lock(at_zone_t *z)
 {
-    return zone_lock_result(z, pthread_mutex_lock(&z->lock));
+    return locked(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
 }
 
 /* For the server's parent, which must never wait on a child: EBUSY if the
  * lock is held (by a process that may be stopped or hung). */
 static int zone_trylock(at_zone_t *z)
 {
-    return zone_lock_result(z, pthread_mutex_trylock(&z->lock));
+    return locked(z, zone_lock_result(z, pthread_mutex_trylock(&z->lock)));
 }
 
 static void zone_unlock(at_zone_t *z)
@@ -542,6 +584,30 @@ static void zone_unlock(at_zone_t *z)
 
 /* ---- life cycle ------------------------------------------------------- */
 
+/* A new automatic limit starts where the old one was, if any. Unchanged
+ * bounds keep the controller's state across a restart. */
+static void apply_limit(at_zone_t *z, const at_zone_conf_t *c)
+{
+    if (!c->limit_auto) {
+        z->limit_auto = 0;
+        z->limit = c->limit;
+        return;
+    }
+    if (!z->limit_auto || z->ctl.min != c->limit_min || z->ctl.max != c->limit_max) {
+        at_limit_init(&z->ctl, z->limit_auto ? at_limit_value(&z->ctl) : c->limit,
+                      c->limit_min, c->limit_max);
+        window_reset(z, at_now_us());
+    }
+    z->limit_auto = 1;
+    z->limit = at_limit_value(&z->ctl);
+}
+
+/* The most slots the definition can ever use. */
+static apr_uint32_t highest_limit(const at_zone_conf_t *c)
+{
+    return c->limit_auto ? c->limit_max : c->limit;
+}
+
 static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
     int recount = c->per_client && !z->per_client;
@@ -550,7 +616,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     if (recount) {
         rebuild_client_counts(z); /* counts lapse while the limit is off */
     }
-    z->limit = c->limit;
+    apply_limit(z, c);
     z->queue_cap = c->queue;
     z->timeout_us = c->timeout_us;
     z->retry_after = c->retry_after;
@@ -565,7 +631,7 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     pthread_mutexattr_t attr;
     int rc;
 
-    if (nslots < c->limit || nwaiters < c->queue
+    if (nslots < highest_limit(c) || nwaiters < c->queue
         || size < at_zone_size(nslots, nwaiters)) {
         return APR_EINVAL;
     }
@@ -602,7 +668,7 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
 {
-    return z->magic == ZONE_MAGIC && c->limit <= z->nslots
+    return z->magic == ZONE_MAGIC && highest_limit(c) <= z->nslots
            && waiter_records(z->nslots, c->queue) <= z->nwaiters;
 }
 
@@ -772,6 +838,53 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
                              : (apr_uint64_t)us;
 }
 
+/* limit=auto: the first release after a window is long enough hands the
+ * window to the controller; one place, under the lock, for every process. */
+static void maybe_close_window(at_zone_t *z, apr_int64_t now)
+{
+    apr_int64_t len = now - z->cw_start_us;
+    at_window_t w;
+
+    if (len < AT_AUTO_WINDOW_MIN_US
+        || (z->cw_completed < AT_LIMIT_MIN_SAMPLES && len < AT_AUTO_WINDOW_MAX_US)) {
+        return;
+    }
+    w.completed = z->cw_completed;
+    w.secs = (double)len / 1e6;
+    w.inflight = z->cw_active_us / (double)len;
+    w.limited = z->cw_refused ? 1.0 : z->cw_waited_us / (double)len;
+    /* One request stuck far longer than the rest says nothing about the
+     * limit: the slowest is left out. */
+    w.service_us = z->cw_completed > 2 ? (z->cw_service_us - z->cw_service_max_us)
+                                             / (z->cw_completed - 1)
+                                       : 0;
+    if (at_limit_update(&z->ctl, &w)) {
+        zlog(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
+             "window with requests waiting)", z->name, z->limit, at_limit_value(&z->ctl),
+             w.inflight, w.completed / w.secs, 100 * w.limited);
+        z->limit = at_limit_value(&z->ctl);
+        /* Completions lag a change by about one service time: the next
+         * window starts once the new level is running. */
+        window_reset(z, now + (apr_int64_t)z->service_ewma_us);
+    }
+    else {
+        window_reset(z, now);
+    }
+}
+
+/* limit=auto: a newcomer whose turn would come after the timeout is told
+ * at once. */
+static int wait_predicted_too_long(const at_zone_t *z)
+{
+    apr_uint64_t est;
+
+    if (!z->limit_auto || !z->service_ewma_us || !z->limit) {
+        return 0;
+    }
+    est = ((apr_uint64_t)z->queued + 1) * z->service_ewma_us / z->limit;
+    return est > (apr_uint64_t)z->timeout_us;
+}
+
 static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
                       const at_client_key_t *client, apr_int64_t now)
 {
@@ -938,8 +1051,15 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     }
     if (z->queued >= z->queue_cap || z->free_waiter == NONE) {
         z->rejected_full++;
+        z->cw_refused++;
         zone_unlock(z);
         return AT_REJECTED_FULL;
+    }
+    if (wait_predicted_too_long(z)) {
+        z->rejected_predicted++;
+        z->cw_refused++;
+        zone_unlock(z);
+        return AT_REJECTED_PREDICTED;
     }
     wi = z->free_waiter;
     z->free_waiter = waiters(z)[wi].next;
@@ -982,6 +1102,14 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         }
         record_service(z, service, now);
         slot_put(z, t->slot);
+        if (z->limit_auto && now >= z->cw_start_us) {
+            z->cw_completed++;
+            z->cw_service_us += (double)service;
+            if ((double)service > z->cw_service_max_us) {
+                z->cw_service_max_us = (double)service;
+            }
+            maybe_close_window(z, now);
+        }
         dispatch(z);
     }
     zone_unlock(z);
@@ -1016,6 +1144,12 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->rejected_timeout = z->rejected_timeout;
     o->rejected_predicted = z->rejected_predicted;
     o->rejected_client = z->rejected_client;
+    o->limit_auto = z->limit_auto;
+    o->limit_min = z->limit_auto ? z->ctl.min : z->limit;
+    o->limit_max = z->limit_auto ? z->ctl.max : z->limit;
+    o->limit_changes = z->ctl.changes;
+    o->baseline_us = z->ctl.baseline_us;
+    o->recent_us = z->ctl.recent_us;
     o->per_client = z->per_client;
     o->clients = z->clients_in;
     o->aborted = z->aborted;

@@ -295,9 +295,14 @@ static apr_uint32_t with_headroom(apr_uint32_t n, apr_uint32_t floor,
     return (apr_uint32_t)(h > max ? (n > max ? n : max) : h);
 }
 
+static apr_uint32_t highest_limit(const at_zone_conf_t *c)
+{
+    return c->limit_auto ? c->limit_max : c->limit;
+}
+
 static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
 {
-    apr_uint32_t nslots = with_headroom(ref->conf.limit, 64, AT_LIMIT_MAX);
+    apr_uint32_t nslots = with_headroom(highest_limit(&ref->conf), 64, AT_LIMIT_MAX);
     apr_uint32_t nwaiters = with_headroom(ref->conf.queue, 256, AT_QUEUE_MAX);
     apr_size_t size = at_zone_size(nslots, nwaiters);
     apr_shm_t *shm;
@@ -324,7 +329,7 @@ static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
 static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
 {
     int daemons = 0, threads = 0;
-    apr_uint64_t workers, need = (apr_uint64_t)ref->conf.limit + ref->conf.queue;
+    apr_uint64_t workers, need = (apr_uint64_t)highest_limit(&ref->conf) + ref->conf.queue;
 
     if (ap_mpm_query(AP_MPMQ_MAX_DAEMONS, &daemons) != APR_SUCCESS
         || ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads) != APR_SUCCESS || daemons <= 0) {
@@ -332,7 +337,7 @@ static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
     }
     workers = (apr_uint64_t)daemons * (threads > 0 ? (apr_uint64_t)threads : 1);
     if (need >= workers) {
-        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "zone %s: limit + queue (%"
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "zone %s: limit (or max) + queue (%"
                      APR_UINT64_T_FMT ") >= MaxRequestWorkers (%" APR_UINT64_T_FMT
                      "): waiting requests can take every worker and other requests "
                      "would wait for one; lower queue= or raise MaxRequestWorkers",
@@ -582,6 +587,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_FULL: return "rejected-full";
     case AT_REJECTED_TIMEOUT: return "rejected-timeout";
     case AT_REJECTED_CLIENT: return "rejected-client";
+    case AT_REJECTED_PREDICTED: return "rejected-predicted";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -648,6 +654,7 @@ static int throttle_handler(request_rec *r)
     case AT_REJECTED_FULL:
     case AT_REJECTED_TIMEOUT:
     case AT_REJECTED_CLIENT:
+    case AT_REJECTED_PREDICTED:
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
         return HTTP_SERVICE_UNAVAILABLE;

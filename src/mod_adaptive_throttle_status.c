@@ -39,6 +39,7 @@ enum {
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
+    F_LIMIT_AUTO, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS,
     F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED, F_REJ_CLIENT,
     F_ABORTED, F_RECLAIMED, F_LOCK_REPAIRS, F_DRY_QUEUED, F_DRY_REJECTED,
@@ -69,6 +70,10 @@ static const field_t fields[NFIELDS] = {
     {"ServiceP90Ms", "service_p90_ms", NULL, NULL, GAUGE, NULL},
     {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL},
     {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL},
+    {"LimitAuto", "limit_auto", "limit_auto", NULL, GAUGE, "1 if the limit adapts (limit=auto)."},
+    {"LimitChanges", "limit_changes", "limit_changes_total", NULL, COUNTER, "Times limit=auto changed the limit."},
+    {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL},
+    {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL},
     {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit."},
     {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set)."},
     {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting."},
@@ -101,8 +106,12 @@ static void fill_values(zone_view_t *z)
     double *v = z->v;
 
     v[F_LIMIT] = s->limit;
-    v[F_LIMIT_MIN] = s->limit; /* a fixed limit: until limit=auto exists */
-    v[F_LIMIT_MAX] = s->limit;
+    v[F_LIMIT_MIN] = s->limit_min;
+    v[F_LIMIT_MAX] = s->limit_max;
+    v[F_LIMIT_AUTO] = s->limit_auto;
+    v[F_LIMIT_CHANGES] = (double)s->limit_changes;
+    v[F_BASELINE] = s->baseline_us / 1000.0;
+    v[F_RECENT_SERVICE] = s->recent_us / 1000.0;
     v[F_ACTIVE] = s->active;
     v[F_QUEUED] = s->queued;
     v[F_QUEUE_CAP] = s->queue_cap;

@@ -30,7 +30,11 @@ sub write_zones {
 }
 write_zones(2);
 
-my $srv = private_server(<<"CONF");
+# mod_cgi under every MPM: mod_cgid restarts its daemon at each graceful
+# restart, and a request caught then fails with mod_cgid's own 503 while its
+# CGI may run on, out of httpd's sight (seen here about once in 15 runs).
+# That would be measured here as the module's fault; it is not.
+my $srv = private_server(<<"CONF", cgi_not_cgid => 1);
 Include $zones
 LogLevel adaptive_throttle:debug
 SetEnv PROBE_DIR $probe
@@ -168,7 +172,8 @@ print STDERR "# graceful_storm.t ($ENV{MPM}): 10 graceful restarts, statuses $su
 
 ok t_cmp(scalar(@st) > 50 && ($by{503} // 0) > 0 && ($by{200} // 0) > 0, 1,
          "sustained overload: $summary");
-ok t_cmp(scalar(grep { $_ != 200 && $_ != 503 } @st), 0, 'nothing failed but by 503');
+ok t_cmp(scalar(grep { $_ ne '200' && $_ ne '503' } @st), 0,
+         "nothing failed but by the module's 503 (with Retry-After)");
 ok t_cmp($max_before <= 2 && $max_before > 0, 1, "at most 2 ran at once with limit 2 ($max_before)");
 ok t_cmp($max_after <= 3, 1, "at most 3 ran at once over the whole run ($max_after)")
     or print STDERR peak_report();

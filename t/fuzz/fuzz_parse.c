@@ -46,6 +46,9 @@ static void check_zone_args(apr_pool_t *p, const char *s)
         assert(c.timeout_us > 0 && c.timeout_us <= AT_TIMEOUT_MAX_US);
         assert(c.retry_after <= AT_RETRY_AFTER_MAX);
         assert(c.per_client <= AT_LIMIT_MAX + AT_QUEUE_MAX);
+        assert(!c.limit_auto
+               || (c.limit_min >= 1 && c.limit_min <= c.limit && c.limit <= c.limit_max
+                   && c.limit_max <= AT_LIMIT_MAX));
     }
     else {
         assert(*err);

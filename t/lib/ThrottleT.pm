@@ -172,8 +172,9 @@ sub restarts_seen {
 # A second, private httpd on a free loopback port, with the modules of the
 # suite's own configuration (minus those named in $opt{without}) and the
 # given configuration lines; it is up when $opt{ready} (default /hello.txt)
-# answers 200. Returns { dir, port, pid, get(path), stop(),
-# log() }. It is stopped by pid, and only by the test that started it.
+# answers 200; $opt{cgi_not_cgid} loads mod_cgi where the suite has
+# mod_cgid. Returns { dir, port, pid, get(path), stop(), log() }. It is
+# stopped by pid, and only by the test that started it.
 sub private_server {
     my ($conf, %opt) = @_;
     my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
@@ -189,6 +190,11 @@ sub private_server {
     my @modules = <$in>;
     for my $m (@{ $opt{without} || [] }) {
         @modules = grep { !/mod_\Q$m\E\.so/ } @modules;
+    }
+    # mod_cgi in place of mod_cgid: mod_cgid's daemon is restarted by every
+    # graceful restart, and requests caught in that moment fail in mod_cgid.
+    if ($opt{cgi_not_cgid}) {
+        s/\bcgid_module\b/cgi_module/, s/mod_cgid\.so/mod_cgi.so/ for @modules;
     }
     open my $fh, '>', "$dir/httpd.conf" or die;
     print $fh @modules, <<"CONF", $conf, "\n";

@@ -12,6 +12,7 @@
 #include <apr_general.h>
 #include <apr_strings.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "at_parse.h"
 
@@ -71,6 +72,27 @@ static void test_accepted(void **state)
     assert_int_equal(c.dry_run, 1);
     assert_null(parse_line("limit=1 dry_run=OFF", &c));
     assert_int_equal(c.dry_run, 0);
+    assert_int_equal(c.limit_auto, 0);
+    assert_null(parse_line("limit=3 per_client=2", &c));
+    assert_int_equal(c.per_client, 2);
+}
+
+static void test_auto_limit(void **state)
+{
+    apr_uint32_t cpus = (apr_uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    at_zone_conf_t c;
+    (void)state;
+
+    assert_null(parse_line("limit=auto", &c));
+    assert_int_equal(c.limit_auto, 1);
+    assert_int_equal(c.limit_min, 1);
+    assert_int_equal(c.limit_max, AT_AUTO_MAX_PER_CPU * cpus);
+    assert_int_equal(c.limit, AT_AUTO_START_PER_CPU * cpus); /* where it starts */
+    assert_int_equal(c.queue, 10 * c.limit);
+    assert_null(parse_line("limit=AUTO min=50 max=60", &c));
+    assert_int_equal(c.limit, 50); /* the start is kept within the bounds */
+    assert_null(parse_line("limit=auto min=1 max=1", &c));
+    assert_int_equal(c.limit, 1);
 }
 
 static void test_refused(void **state)
@@ -85,7 +107,13 @@ static void test_refused(void **state)
         {"limit=-1", "-1"},
         {"limit=abc", "abc"},
         {"limit=1.5", "1.5"},
-        {"limit=auto", "auto"},
+        {"limit=2 min=1", "min"},
+        {"limit=2 max=9", "max"},
+        {"limit=auto min=0", "0"},
+        {"limit=auto max=100001", "100001"},
+        {"limit=auto min=9 max=3", "greater than max"},
+        {"limit=auto min=two", "two"},
+        {"limit=1 per_client=0", "0"},
         {"limit=100001", "100001"},
         {"limit=99999999999999999999999", "99999999999999999999999"},
         {"limit=4x", "4x"},
@@ -148,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_auto_limit),
         cmocka_unit_test(test_zone_names),
     };
     int rc;

@@ -449,6 +449,93 @@ static void test_latency_histograms(void **state)
     zone_free(z);
 }
 
+static at_zone_t *zone_auto(apr_uint32_t min, apr_uint32_t max, apr_uint32_t start,
+                             apr_int64_t timeout_us)
+{
+    at_zone_conf_t c = {start, 64, timeout_us, AT_RETRY_AFTER_AUTO, 0, 0, 1, min, max};
+
+    return zone_new_conf(&c);
+}
+
+typedef struct {
+    at_zone_t *z;
+    apr_int64_t until_us;
+    int hold_us;
+} hammer_t;
+
+/* Requests that wait on something else (a sleep) for hold_us each. */
+static void *hammer(void *arg)
+{
+    hammer_t *h = arg;
+
+    while (at_now_us() < h->until_us) {
+        at_ticket_t t;
+        at_result_t r = at_zone_acquire(h->z, &t, NULL, NULL);
+        if (r == AT_ADMITTED || r == AT_QUEUED) {
+            usleep(h->hold_us);
+            at_zone_release(h->z, &t);
+        }
+        else {
+            usleep(1000);
+        }
+    }
+    return NULL;
+}
+
+/* limit=auto in a real zone: requests that only wait gain from running
+ * together, so the limit climbs from its start towards max. */
+static void test_auto_limit_climbs_for_waiting_work(void **state)
+{
+    enum { THREADS = 16 };
+    at_zone_t *z = zone_auto(1, 12, 3, 10000 * MS);
+    pthread_t th[THREADS];
+    hammer_t h = {z, at_now_us() + 4000 * MS, 10 * MS};
+    at_zone_stats_t s;
+    (void)state;
+
+    at_zone_stats(z, &s);
+    assert_int_equal(s.limit, 3);
+    assert_int_equal(s.limit_auto, 1);
+    for (int i = 0; i < THREADS; i++) {
+        pthread_create(&th[i], NULL, hammer, &h);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+    }
+    at_zone_stats(z, &s);
+    print_message("limit=auto: 3 -> %u after 4 s, %lu changes, service %.1f ms\n",
+                  s.limit, (unsigned long)s.limit_changes, s.recent_us / 1000);
+    assert_true(s.limit >= 8 && s.limit <= 12);
+    assert_true(s.limit_changes >= 2);
+    assert_int_equal(s.active, 0);
+    zone_free(z);
+}
+
+/* limit=auto: a newcomer whose estimated wait (place in the queue x recent
+ * service time / limit) passes the timeout is refused at once. */
+static void test_predicted_wait_refused_at_once(void **state)
+{
+    at_zone_t *z = zone_auto(1, 1, 1, 100 * MS);
+    at_ticket_t hold, t;
+    apr_int64_t t0;
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    usleep(250 * MS); /* one request took 250 ms */
+    at_zone_release(z, &hold);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    t0 = at_now_us();
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_PREDICTED);
+    assert_true(at_now_us() - t0 < 50 * MS);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.rejected_predicted, 1);
+    assert_int_equal(s.queued, 0);
+    assert_true(at_zone_retry_after(z) >= 1);
+    at_zone_release(z, &hold);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,6 +554,8 @@ int main(void)
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_dry_run_never_refuses),
         cmocka_unit_test(test_latency_histograms),
+        cmocka_unit_test(test_auto_limit_climbs_for_waiting_work),
+        cmocka_unit_test(test_predicted_wait_refused_at_once),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);

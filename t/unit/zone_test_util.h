@@ -11,7 +11,8 @@
  * capacity, not the size of the arrays, are what is tested. */
 static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 {
-    apr_uint32_t nslots = c->limit * 2 + 4, nwaiters = c->queue * 2 + 4;
+    apr_uint32_t top = c->limit_auto ? c->limit_max : c->limit;
+    apr_uint32_t nslots = top * 2 + 4, nwaiters = c->queue * 2 + 4;
     apr_size_t size = at_zone_size(nslots, nwaiters);
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -1,0 +1,73 @@
+# limit=auto in a real server: on a CPU-burning CGI the limit settles near
+# the number of CPUs; on a CGI that sleeps it climbs; a newcomer whose wait
+# would outlast the timeout gets 503 at once (rejected-predicted).
+use strict;
+use warnings FATAL => 'all';
+use Apache::Test;
+use Apache::TestUtil;
+use lib 't/lib';
+use ThrottleT;
+use Time::HiRes qw(time sleep);
+
+plan tests => 8, need_cgi;
+
+my $cpus = do { my $n = `getconf _NPROCESSORS_ONLN`; chomp $n; $n || 1 };
+
+# Runs $clients clients on $path for $secs seconds while sampling the zone's
+# limit four times a second; returns the samples.
+sub limit_under_load {
+    my ($zone, $path, $clients, $secs) = @_;
+    my $pid = fork // die;
+    if (!$pid) {
+        load_loop($path, $clients, $secs);
+        require POSIX;
+        POSIX::_exit(0);
+    }
+    my @samples;
+    my $end = time + $secs;
+    while (time < $end) {
+        push @samples, status_auto()->{"Throttle.$zone.Limit"};
+        sleep 0.25;
+    }
+    waitpid($pid, 0);
+    return @samples;
+}
+
+sub mean { my $n = 0; $n += $_ for @_; @_ ? $n / @_ : 0 }
+
+my $s = status_auto();
+ok t_cmp($s->{'Throttle.autocpu.LimitAuto'} . ' ' . $s->{'Throttle.autocpu.Limit'},
+         '1 ' . ($cpus * 2 > 16 ? 16 : $cpus * 2), 'limit=auto starts at twice the CPUs');
+
+my @cpu = limit_under_load('autocpu', '/autocpu/burn.cgi?ms=50', 10, 22);
+my @tail = @cpu[-32 .. -1];
+my $m = mean(@tail);
+print STDERR sprintf("# auto.t: CPU-burning CGI on %d CPUs: limit %s; mean of the last 8 s %.2f\n",
+                     $cpus, join(' ', @cpu), $m);
+ok t_cmp($m >= 1 && $m <= $cpus * 1.75, 1,
+         sprintf('CPU-bound: the limit settles near %d CPUs (mean %.2f)', $cpus, $m));
+ok t_cmp(status_auto()->{'Throttle.autocpu.LimitChanges'} >= 1, 1, 'the limit moved');
+
+# Long sleeps, so that starting perl (CPU) is a small part of each request.
+my @wait = limit_under_load('autowait', '/autowait/probe.cgi?tag=autowait&sleep=400', 24, 20);
+my $mw = mean(@wait[-32 .. -1]);
+print STDERR sprintf("# auto.t: sleeping CGI: limit %s; mean of the last 8 s %.2f\n",
+                     join(' ', @wait), $mw);
+# How high depends on what else each request costs here (starting perl,
+# mod_cgid's daemon forking every CGI); what matters is the direction.
+ok t_cmp($mw >= 5 && $mw > $m + 1, 1,
+         sprintf('sleep-bound: the limit climbs from 4 (mean %.2f; CPU-bound %.2f)', $mw, $m));
+my (undef, $ran) = probe_count('autowait');
+ok t_cmp($ran <= 12, 1, "the CGIs never saw more than max=12 at once ($ran)");
+
+# autopred: limit 1, timeout 300 ms. One request of 600 ms teaches the zone
+# its service time; then, with the slot taken, a newcomer would wait about
+# 600 ms: refused at once.
+http_get('/autopred/probe.cgi?tag=autopred&sleep=600');
+my $hold = bg_get('/autopred/probe.cgi?tag=autopred&sleep=1500');
+wait_until(sub { status_auto()->{'Throttle.autopred.Active'} == 1 }) or die 'holder not in';
+my $r = http_get('/autopred/probe.cgi?tag=autopred');
+ok t_cmp($r->{status}, 503, 'a newcomer that would wait past the timeout gets 503');
+ok t_cmp($r->{body}, qr/result=rejected-predicted/, 'THROTTLE_RESULT=rejected-predicted');
+ok t_cmp($r->{secs} < 0.25, 1, sprintf('at once (%.3f s), not after the 300 ms timeout', $r->{secs}));
+bg_wait($hold);
