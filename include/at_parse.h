@@ -31,6 +31,10 @@ typedef struct {
 #define AT_AUTO_START_PER_CPU 2
 #define AT_AUTO_MAX_PER_CPU 16
 
+/* The most slots a definition can ever use: its limit, or for limit=auto
+ * its max. */
+apr_uint32_t at_conf_highest_limit(const at_zone_conf_t *c);
+
 const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out);
 const char *at_parse_duration(apr_pool_t *p, const char *s,

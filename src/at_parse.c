@@ -213,19 +213,25 @@ static apr_uint32_t online_cpus(void)
     return n > 0 ? (apr_uint32_t)n : 1;
 }
 
-/* min and max bound an automatic limit, which starts at twice the CPUs. */
-static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c, int has_min,
-                                     int has_max)
+apr_uint32_t at_conf_highest_limit(const at_zone_conf_t *c)
+{
+    return c->limit_auto ? c->limit_max : c->limit;
+}
+
+/* min and max (0 until given: both are at least 1) bound an automatic
+ * limit, which starts at twice the CPUs. */
+static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
 {
     apr_uint64_t start, top;
 
     if (!c->limit_auto) {
-        return has_min || has_max ? "the keys 'min' and 'max' go with limit=auto" : NULL;
+        return c->limit_min || c->limit_max ? "the keys 'min' and 'max' go with limit=auto"
+                                            : NULL;
     }
-    if (!has_min) {
+    if (!c->limit_min) {
         c->limit_min = 1;
     }
-    if (!has_max) {
+    if (!c->limit_max) {
         top = (apr_uint64_t)online_cpus() * AT_AUTO_MAX_PER_CPU;
         c->limit_max = (apr_uint32_t)(top > AT_LIMIT_MAX ? AT_LIMIT_MAX : top);
         if (c->limit_max < c->limit_min) {
@@ -247,6 +253,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
 {
     at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0};
     int seen[NKEYS] = {0};
+    const char *auto_err;
     int i;
     size_t k;
 
@@ -282,11 +289,8 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     if (!seen[0]) {
         return "the key 'limit' is required (e.g. limit=4 or limit=auto)";
     }
-    {
-        const char *err = settle_auto_limit(p, &c, seen[NKEYS - 2], seen[NKEYS - 1]);
-        if (err) {
-            return err;
-        }
+    if ((auto_err = settle_auto_limit(p, &c))) {
+        return auto_err;
     }
     if (!seen[1]) {
         apr_uint64_t q = (apr_uint64_t)c.limit * 10;

@@ -83,7 +83,7 @@ struct at_zone {
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
     apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
     apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
-    apr_uint32_t over_cap, clients_in;
+    apr_uint32_t over_cap;
 
     at_hist_t wait_all, service_all;
     at_hist_t wait_win[2], service_win[2];
@@ -252,7 +252,6 @@ static void client_add(at_zone_t *z, const at_client_key_t *k)
     c = &clients(z)[client_find(z, k)];
     if (c->count++ == 0) {
         c->key = *k;
-        z->clients_in++;
     }
 }
 
@@ -270,7 +269,6 @@ static void client_remove(at_zone_t *z, const at_client_key_t *k)
     if (c[i].count == 0 || --c[i].count > 0) {
         return;
     }
-    z->clients_in--;
     for (j = (i + 1) & mask; c[j].count; j = (j + 1) & mask) {
         apr_uint32_t home = client_home(z, &c[j].key);
         /* Move j into the hole at i unless its home lies in (i, j]. */
@@ -282,13 +280,23 @@ static void client_remove(at_zone_t *z, const at_client_key_t *k)
     }
 }
 
+/* For the status page: the table is small, and read only there. */
+static apr_uint32_t clients_in(at_zone_t *z)
+{
+    apr_uint32_t i, n = 0;
+
+    for (i = 0; z->per_client && i < z->nclients; i++) {
+        n += clients(z)[i].count > 0;
+    }
+    return n;
+}
+
 /* The records are the truth: recount from them. */
 static void rebuild_client_counts(at_zone_t *z)
 {
     apr_uint32_t i;
 
     memset(clients(z), 0, z->nclients * sizeof(at_client_t));
-    z->clients_in = 0;
     for (i = 0; i < z->nslots; i++) {
         if (slots(z)[i].owner.pid != 0) {
             client_add(z, &slots(z)[i].client);
@@ -536,7 +544,7 @@ static int zone_lock_result(at_zone_t *z, int rc)
  * taken, with the values left by the last holder, is exact. */
 static void window_integrate(at_zone_t *z, apr_int64_t now)
 {
-    apr_int64_t dt = now - (z->cw_last_us > z->cw_start_us ? z->cw_last_us : z->cw_start_us);
+    apr_int64_t dt = now - z->cw_last_us; /* cw_last_us >= cw_start_us */
 
     if (now < z->cw_start_us) {
         return; /* settling after a change: not measured */
@@ -602,12 +610,6 @@ static void apply_limit(at_zone_t *z, const at_zone_conf_t *c)
     z->limit = at_limit_value(&z->ctl);
 }
 
-/* The most slots the definition can ever use. */
-static apr_uint32_t highest_limit(const at_zone_conf_t *c)
-{
-    return c->limit_auto ? c->limit_max : c->limit;
-}
-
 static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
     int recount = c->per_client && !z->per_client;
@@ -631,7 +633,7 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     pthread_mutexattr_t attr;
     int rc;
 
-    if (nslots < highest_limit(c) || nwaiters < c->queue
+    if (nslots < at_conf_highest_limit(c) || nwaiters < c->queue
         || size < at_zone_size(nslots, nwaiters)) {
         return APR_EINVAL;
     }
@@ -668,7 +670,7 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
 {
-    return z->magic == ZONE_MAGIC && highest_limit(c) <= z->nslots
+    return z->magic == ZONE_MAGIC && at_conf_highest_limit(c) <= z->nslots
            && waiter_records(z->nslots, c->queue) <= z->nwaiters;
 }
 
@@ -898,22 +900,13 @@ static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
 /* Dry run: the request runs at once, over the cap. Those running over the
  * cap stand in for the queue: with the queue's room taken, it would have
  * been refused. */
-static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t)
+static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
 {
     t->over_cap = 1;
-    if (z->over_cap++ < z->queue_cap) {
+    if (z->over_cap++ < z->queue_cap && !would_refuse) {
         z->dry_run_queued++;
         return AT_DRY_RUN_QUEUED;
     }
-    z->dry_run_rejected++;
-    return AT_DRY_RUN_REJECTED;
-}
-
-/* Dry run: the client was over its share; it runs, over the cap. */
-static at_result_t run_over_cap_client(at_zone_t *z, at_ticket_t *t)
-{
-    t->over_cap = 1;
-    z->over_cap++;
     z->dry_run_rejected++;
     return AT_DRY_RUN_REJECTED;
 }
@@ -1030,7 +1023,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     }
     if (client_at_quota(z, client)) {
         if (z->dry_run) {
-            r = run_over_cap_client(z, t);
+            r = run_over_cap(z, t, 1); /* the client was over its share */
         }
         else {
             z->rejected_client++;
@@ -1045,7 +1038,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
         return AT_ADMITTED;
     }
     if (z->dry_run) {
-        r = run_over_cap(z, t);
+        r = run_over_cap(z, t, 0);
         zone_unlock(z);
         return r;
     }
@@ -1151,7 +1144,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->baseline_us = z->ctl.baseline_us;
     o->recent_us = z->ctl.recent_us;
     o->per_client = z->per_client;
-    o->clients = z->clients_in;
+    o->clients = clients_in(z);
     o->aborted = z->aborted;
     o->reclaimed = z->reclaimed;
     o->lock_repairs = z->lock_repairs;

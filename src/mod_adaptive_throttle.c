@@ -295,14 +295,9 @@ static apr_uint32_t with_headroom(apr_uint32_t n, apr_uint32_t floor,
     return (apr_uint32_t)(h > max ? (n > max ? n : max) : h);
 }
 
-static apr_uint32_t highest_limit(const at_zone_conf_t *c)
-{
-    return c->limit_auto ? c->limit_max : c->limit;
-}
-
 static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
 {
-    apr_uint32_t nslots = with_headroom(highest_limit(&ref->conf), 64, AT_LIMIT_MAX);
+    apr_uint32_t nslots = with_headroom(at_conf_highest_limit(&ref->conf), 64, AT_LIMIT_MAX);
     apr_uint32_t nwaiters = with_headroom(ref->conf.queue, 256, AT_QUEUE_MAX);
     apr_size_t size = at_zone_size(nslots, nwaiters);
     apr_shm_t *shm;
@@ -329,7 +324,7 @@ static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
 static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
 {
     int daemons = 0, threads = 0;
-    apr_uint64_t workers, need = (apr_uint64_t)highest_limit(&ref->conf) + ref->conf.queue;
+    apr_uint64_t workers, need = (apr_uint64_t)at_conf_highest_limit(&ref->conf) + ref->conf.queue;
 
     if (ap_mpm_query(AP_MPMQ_MAX_DAEMONS, &daemons) != APR_SUCCESS
         || ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads) != APR_SUCCESS || daemons <= 0) {

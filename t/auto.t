@@ -58,7 +58,8 @@ print STDERR sprintf("# auto.t: sleeping CGI: limit %s; mean of the last 8 s %.2
 ok t_cmp($mw >= 5 && $mw > $m + 1, 1,
          sprintf('sleep-bound: the limit climbs from 4 (mean %.2f; CPU-bound %.2f)', $mw, $m));
 my (undef, $ran) = probe_count('autowait');
-ok t_cmp($ran <= 12, 1, "the CGIs never saw more than max=12 at once ($ran)");
+ok t_cmp($ran > 4 && $ran <= 12, 1,
+         "the CGIs themselves saw more than the start of 4 at once, never more than max=12 ($ran)");
 
 # autopred: limit 1, timeout 300 ms. One request of 600 ms teaches the zone
 # its service time; then, with the slot taken, a newcomer would wait about

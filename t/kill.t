@@ -72,10 +72,18 @@ ok t_cmp(status_auto()->{'Throttle.killq.Reclaimed'} - $before, $in_victim,
 sub answer_of { my ($s) = @_; local $/; my $raw = <$s> // ''; ($raw =~ m{^HTTP/\S+ (\d+)})[0] // 0 }
 my @others = grep { ($pid_of{$_} // 0) != $pid_of{w1} } qw(holder w2);
 my %got = (holder => answer_of($holder), w2 => answer_of($w2));
-ok t_cmp(join(' ', map { "$_=$got{$_}" } @others), join(' ', map { "$_=200" } @others),
-         'the requests of other processes were served (' . join(', ', @others) . ')')
-    or print STDERR '# processes: ', join(', ', map { "$_=" . ($pid_of{$_} // '?') } sort keys %pid_of),
-                    '; answers: ', join(', ', map { "$_=$got{$_}" } sort keys %got), "\n";
+# Under prefork every request has its own process; under worker and event
+# all three may have shared the killed one, and then nothing is left to ask.
+if (@others) {
+    ok t_cmp(join(' ', map { "$_=$got{$_}" } @others), join(' ', map { "$_=200" } @others),
+             'the requests of other processes were served (' . join(', ', @others) . ')')
+        or print STDERR '# processes: ', join(', ', map { "$_=" . ($pid_of{$_} // '?') } sort keys %pid_of),
+                        '; answers: ', join(', ', map { "$_=$got{$_}" } sort keys %got), "\n";
+}
+else {
+    die 'under prefork the requests cannot share a process' if ($ENV{MPM} // '') eq 'prefork';
+    skip('all three requests were in the killed process', 1);
+}
 my @ran = map { $_->[0] } probe_order('killq');
 ok t_cmp(scalar(grep { $_ eq 'w1' } @ran), 0, "the killed waiter's CGI never ran");
 my $s2 = status_auto();

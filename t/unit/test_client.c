@@ -71,14 +71,6 @@ static void *wait_then_release(void *arg)
     return NULL;
 }
 
-static void wait_until_queued(at_zone_t *z, apr_uint32_t n)
-{
-    for (int i = 0; i < 5000 && stats_of(z).queued != n; i++) {
-        usleep(1000);
-    }
-    assert_int_equal(stats_of(z).queued, n);
-}
-
 /* Running and waiting both count; another client is not affected. */
 static void test_running_and_waiting_count(void **state)
 {

@@ -21,28 +21,12 @@
 
 #define MS 1000
 
-static apr_uint32_t queued_now(at_zone_t *z)
-{
-    at_zone_stats_t s;
-
-    at_zone_stats(z, &s);
-    return s.queued;
-}
-
 static apr_uint32_t active_now(at_zone_t *z)
 {
     at_zone_stats_t s;
 
     at_zone_stats(z, &s);
     return s.active;
-}
-
-static void wait_until_queued(at_zone_t *z, apr_uint32_t n)
-{
-    for (int i = 0; i < 5000 && queued_now(z) != n; i++) {
-        usleep(1000);
-    }
-    assert_int_equal(queued_now(z), n);
 }
 
 static void test_slot_accounting(void **state)
@@ -461,7 +445,26 @@ typedef struct {
     at_zone_t *z;
     apr_int64_t until_us;
     int hold_us;
+    apr_uint32_t running, most;  /* counted by the requests themselves */
+    apr_int64_t most_since_us;   /* most running from here on */
+    apr_uint32_t most_late;
 } hammer_t;
+
+static void note_running(hammer_t *h, apr_uint32_t n)
+{
+    apr_uint32_t m;
+
+    while ((m = __atomic_load_n(&h->most, __ATOMIC_SEQ_CST)) < n
+           && !__atomic_compare_exchange_n(&h->most, &m, n, 0, __ATOMIC_SEQ_CST,
+                                           __ATOMIC_SEQ_CST)) {
+    }
+    if (at_now_us() >= h->most_since_us) {
+        while ((m = __atomic_load_n(&h->most_late, __ATOMIC_SEQ_CST)) < n
+               && !__atomic_compare_exchange_n(&h->most_late, &m, n, 0,
+                                               __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        }
+    }
+}
 
 /* Requests that wait on something else (a sleep) for hold_us each. */
 static void *hammer(void *arg)
@@ -472,7 +475,9 @@ static void *hammer(void *arg)
         at_ticket_t t;
         at_result_t r = at_zone_acquire(h->z, &t, NULL, NULL);
         if (r == AT_ADMITTED || r == AT_QUEUED) {
+            note_running(h, __atomic_add_fetch(&h->running, 1, __ATOMIC_SEQ_CST));
             usleep(h->hold_us);
+            __atomic_sub_fetch(&h->running, 1, __ATOMIC_SEQ_CST);
             at_zone_release(h->z, &t);
         }
         else {
@@ -483,13 +488,15 @@ static void *hammer(void *arg)
 }
 
 /* limit=auto in a real zone: requests that only wait gain from running
- * together, so the limit climbs from its start towards max. */
+ * together, so the limit climbs from its start towards max; the requests
+ * themselves see more of them running at once, never more than max. */
 static void test_auto_limit_climbs_for_waiting_work(void **state)
 {
     enum { THREADS = 16 };
     at_zone_t *z = zone_auto(1, 12, 3, 10000 * MS);
     pthread_t th[THREADS];
-    hammer_t h = {z, at_now_us() + 4000 * MS, 10 * MS};
+    apr_int64_t now = at_now_us();
+    hammer_t h = {z, now + 4000 * MS, 10 * MS, 0, 0, now + 3000 * MS, 0};
     at_zone_stats_t s;
     (void)state;
 
@@ -503,8 +510,12 @@ static void test_auto_limit_climbs_for_waiting_work(void **state)
         pthread_join(th[i], NULL);
     }
     at_zone_stats(z, &s);
-    print_message("limit=auto: 3 -> %u after 4 s, %lu changes, service %.1f ms\n",
-                  s.limit, (unsigned long)s.limit_changes, s.recent_us / 1000);
+    print_message("limit=auto: 3 -> %u after 4 s, %lu changes, service %.1f ms; "
+                  "the requests saw at most %u running, %u in the last second\n",
+                  s.limit, (unsigned long)s.limit_changes, s.recent_us / 1000, h.most,
+                  h.most_late);
+    assert_true(h.most <= 12);
+    assert_true(h.most_late >= 8);
     assert_true(s.limit >= 8 && s.limit <= 12);
     assert_true(s.limit_changes >= 2);
     assert_int_equal(s.active, 0);

@@ -11,8 +11,7 @@
  * capacity, not the size of the arrays, are what is tested. */
 static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 {
-    apr_uint32_t top = c->limit_auto ? c->limit_max : c->limit;
-    apr_uint32_t nslots = top * 2 + 4, nwaiters = c->queue * 2 + 4;
+    apr_uint32_t nslots = at_conf_highest_limit(c) * 2 + 4, nwaiters = c->queue * 2 + 4;
     apr_size_t size = at_zone_size(nslots, nwaiters);
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -40,7 +39,24 @@ static inline void zone_free(at_zone_t *z)
     munmap(z, at_zone_size(s.nslots, s.nwaiters));
 }
 
+static inline apr_uint32_t queued_now(at_zone_t *z)
+{
+    at_zone_stats_t s;
+
+    at_zone_stats(z, &s);
+    return s.queued;
+}
+
 #ifdef cmocka_unit_test
+/* Up to 5 s for n requests to be waiting in the queue. */
+static inline void wait_until_queued(at_zone_t *z, apr_uint32_t n)
+{
+    for (int i = 0; i < 5000 && queued_now(z) != n; i++) {
+        usleep(1000);
+    }
+    assert_int_equal(queued_now(z), n);
+}
+
 /* Fork a child that takes a slot for client (NULL: nobody) and never gives
  * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
 static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
