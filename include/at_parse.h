@@ -24,7 +24,10 @@ typedef struct {
     apr_uint32_t per_client;  /* running + waiting per client; 0: no limit */
     int limit_auto;           /* limit=auto: limit is only where it starts */
     apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
+    apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
 } at_zone_conf_t;
+
+#define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */
 
 /* limit=auto starts at this many times the online CPUs; its default bounds
  * are 1 and AT_AUTO_MAX_PER_CPU times the online CPUs. */
@@ -39,6 +42,10 @@ const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out);
 const char *at_parse_duration(apr_pool_t *p, const char *s,
                               apr_int64_t *out_us);
+/* A byte count: digits with an optional K, M, G or T (powers of 1024),
+ * which may be followed by B or iB, in either case. */
+const char *at_parse_size(apr_pool_t *p, const char *s, apr_uint64_t min,
+                          apr_uint64_t max, apr_uint64_t *out);
 const char *at_parse_zone_name(apr_pool_t *p, const char *s);
 
 /* argv holds the key=value words after the zone name. */

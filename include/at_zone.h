@@ -69,6 +69,13 @@ typedef struct {
     at_hist_t wait_recent, service_recent; /* the last 60 to 120 s */
     apr_int64_t oldest_us; /* age of the oldest running request, 0 if none */
     apr_int32_t oldest_pid; /* the process running it */
+    /* mem=: the configured need, the last reading (an at_mem_source_t
+     * says from where), memory promised to started requests that readings
+     * do not show yet, and how often memory alone held a request back */
+    apr_uint64_t mem_bytes, mem_avail, mem_pending;
+    int mem_source;
+    apr_int64_t mem_read_age_us;
+    apr_uint64_t mem_held, mem_read_errors;
 } at_zone_stats_t;
 
 /* Called while a request waits; return non-zero when it should give up. */
@@ -86,6 +93,15 @@ void at_set_logger(at_log_fn fn);
  * (AT_LIMIT_MIN_SAMPLES) or else at most this long. */
 #define AT_AUTO_WINDOW_MIN_US 500000
 #define AT_AUTO_WINDOW_MAX_US 10000000
+/* mem=: how old the reading of available memory may get while there is
+ * room, and while memory holds requests back. */
+#define AT_MEM_READ_US 250000
+#define AT_MEM_REREAD_US 20000
+/* A request's memory is taken to show in the readings at the latest this
+ * long after it started; one that ends sooner than AT_MEM_QUICK_US is
+ * taken to have taken none. */
+#define AT_MEM_SETTLE_US 1000000
+#define AT_MEM_QUICK_US 50000
 /* Recent percentiles cover the current and the previous window. */
 #define AT_WINDOW_US (60 * APR_INT64_C(1000000))
 
@@ -127,6 +143,12 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
 
 /* Seconds a rejected client should wait before retrying (>= 1). */
 apr_uint32_t at_zone_retry_after(at_zone_t *z);
+
+/* Where mem= reads /proc and /sys from: "" (the default) for the real
+ * ones; tests point it at a directory laid out the same way. settle_us
+ * replaces AT_MEM_SETTLE_US (negative: the default). Process-wide; set it
+ * before the first request. */
+void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us);
 
 /* Fault injection for tests: take the zone lock and never release it. */
 apr_status_t at_zone_debug_take_lock(at_zone_t *z);

@@ -82,12 +82,22 @@ static int step_paid(const at_limit_t *c, double x, double conc)
 
 static void judge_step(at_limit_t *c, double x, double conc)
 {
-    if (step_paid(c, x, conc) == 1) {
+    int paid = step_paid(c, x, conc);
+    int was_down = c->dir < 0;
+
+    if (paid == 1) {
         c->settled = c->limit;
         take_step(c, c->dir);
+        return;
     }
-    else {
-        settle(c);
+    settle(c);
+    if (paid == 0 && was_down && c->settled < c->max) {
+        /* Throughput fell with concurrency: the work waits rather than
+         * computes, and more of it may pay. Look above at once, instead of
+         * holding: after the load turns from computing to waiting, this is
+         * what gets the limit climbing within seconds. */
+        c->hold = 0;
+        c->next_probe = +1;
     }
 }
 

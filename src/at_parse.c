@@ -76,6 +76,42 @@ const char *at_parse_duration(apr_pool_t *p, const char *s,
     return NULL;
 }
 
+const char *at_parse_size(apr_pool_t *p, const char *s, apr_uint64_t min,
+                          apr_uint64_t max, apr_uint64_t *out)
+{
+    static const char units[] = "KMGT";
+    const char *end = s, *u;
+    apr_uint64_t v, scale = 1;
+    const char *err;
+
+    if (!s || !*s) {
+        return "an empty size";
+    }
+    while (apr_isdigit(*end)) {
+        end++;
+    }
+    if (end == s) {
+        return apr_psprintf(p, "'%s' is not a size (use e.g. 200M, 1G, 65536)", s);
+    }
+    if (*end) {
+        u = strchr(units, apr_toupper(*end));
+        if (!u || !(end[1] == '\0' || strcasecmp(end + 1, "B") == 0
+                    || strcasecmp(end + 1, "iB") == 0)) {
+            return apr_psprintf(p, "'%s' has an unknown unit '%s' (use K, M, G or T)", s,
+                                end);
+        }
+        scale = APR_UINT64_C(1) << (10 * (u - units + 1));
+    }
+    err = at_parse_uint(p, apr_pstrmemdup(p, s, (apr_size_t)(end - s)), 0,
+                        max / scale, &v);
+    if (err || v * scale < min) {
+        return apr_psprintf(p, "'%s' is not a size from %" APR_UINT64_T_FMT
+                            " bytes to %" APR_UINT64_T_FMT " GiB", s, min, max >> 30);
+    }
+    *out = v * scale;
+    return NULL;
+}
+
 const char *at_parse_zone_name(apr_pool_t *p, const char *s)
 {
     const char *c;
@@ -188,6 +224,11 @@ static const char *parse_per_client(apr_pool_t *p, const char *v,
     return err;
 }
 
+static const char *parse_mem(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    return at_parse_size(p, v, 1, AT_MEM_MAX, &c->mem_bytes);
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -200,9 +241,10 @@ static const struct {
     {"per_client", parse_per_client},
     {"min", parse_min},
     {"max", parse_max},
+    {"mem", parse_mem},
 };
 
-#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max"
+#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -251,7 +293,8 @@ static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
 const char *at_parse_zone_args(apr_pool_t *p, int argc,
                                const char *const *argv, at_zone_conf_t *out)
 {
-    at_zone_conf_t c = {0, 0, 4 * APR_INT64_C(1000000), AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.timeout_us = 4 * APR_INT64_C(1000000),
+                        .retry_after = AT_RETRY_AFTER_AUTO};
     int seen[NKEYS] = {0};
     const char *auto_err;
     int i;

@@ -13,6 +13,7 @@
 #include "at_zone.h"
 #include "at_owner.h"
 #include "at_limit.h"
+#include "at_mem.h"
 
 #include <apr_strings.h>
 #include <errno.h>
@@ -30,7 +31,7 @@
 #include <sys/syscall.h>
 #endif
 
-#define ZONE_MAGIC 0x41545a33u /* "ATZ3": with per-client counts and limit=auto */
+#define ZONE_MAGIC 0x41545a34u /* "ATZ4": with per-client counts, limit=auto, mem= */
 #define NONE (-1)
 
 enum { W_FREE = 0, W_WAITING, W_GRANTED };
@@ -100,9 +101,20 @@ struct at_zone {
     double cw_active_us, cw_waited_us, cw_service_us, cw_service_max_us;
     apr_uint32_t cw_completed, cw_refused;
     apr_uint64_t client_seed; /* so nobody can choose colliding addresses */
+
+    /* mem=: the last reading of available memory; the memory promised to
+     * started requests that no reading has shown yet; what requests that
+     * ended since the reading are taken to have given back */
+    apr_uint64_t mem_bytes, mem_avail;
+    apr_int64_t mem_read_us;
+    apr_uint64_t mem_pending, mem_freed, mem_early_free;
+    apr_uint32_t mem_source, mem_pad;
+    apr_uint64_t mem_held, mem_read_errors;
 };
 
 static at_log_fn logger;
+static const char *mem_root = "";
+static apr_int64_t mem_settle_us = AT_MEM_SETTLE_US;
 
 void at_set_logger(at_log_fn fn)
 {
@@ -121,6 +133,12 @@ static void zlog(int level, const char *fmt, ...)
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     logger(level, buf);
+}
+
+void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us)
+{
+    mem_root = root ? root : "";
+    mem_settle_us = settle_us >= 0 ? settle_us : AT_MEM_SETTLE_US;
 }
 
 apr_int64_t at_now_us(void)
@@ -432,10 +450,13 @@ static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
     return i;
 }
 
+static void mem_note_end(at_zone_t *z, const at_slot_t *s);
+
 static void slot_put(at_zone_t *z, apr_int32_t i)
 {
     at_slot_t *s = &slots(z)[i];
 
+    mem_note_end(z, s);
     client_remove(z, &s->client);
     s->owner.pid = 0;
     s->ticket = 0;
@@ -444,22 +465,137 @@ static void slot_put(at_zone_t *z, apr_int32_t i)
     z->active--;
 }
 
+/* ---- mem=: memory as a second condition to start (lock held) ---------- */
+
+/* The memory of requests younger than the settling time, which a reading
+ * may not show yet: the most that can still be pending. */
+static apr_uint64_t mem_young(at_zone_t *z, apr_int64_t now)
+{
+    apr_uint32_t i, n = 0;
+
+    for (i = 0; i < z->nslots; i++) {
+        const at_slot_t *s = &slots(z)[i];
+
+        n += s->owner.pid != 0 && now - s->since_us < mem_settle_us;
+    }
+    return (apr_uint64_t)n * z->mem_bytes;
+}
+
+/* A new reading. Whatever memory it shows taken since the last one, plus
+ * what ended requests gave back, is taken to be pending promises coming
+ * true, so a request is counted once: in the promises until the readings
+ * show it, then in the readings. A request's process may give its memory
+ * back a moment before the request ends (a CGI exits, then httpd finishes
+ * the response): memory that comes back unannounced is remembered, and
+ * cancels the credit of the ends that follow, so it is not counted twice
+ * as a promise coming true. */
+static void mem_refresh(at_zone_t *z, apr_int64_t now)
+{
+    apr_uint64_t avail, young;
+    at_mem_source_t source;
+    double seen;
+
+    z->mem_read_us = now;
+    if (at_mem_read(mem_root, &avail, &source) != APR_SUCCESS) {
+        /* Unreadable memory must not stop the server: fail open, as for a
+         * broken lock, and say so once. */
+        if (z->mem_read_errors++ == 0) {
+            zlog(LOG_WARNING, "zone %s: cannot read the available memory "
+                 "(/proc/meminfo, memory cgroup); mem= is not enforced", z->name);
+        }
+        z->mem_source = AT_MEM_UNREAD;
+        return;
+    }
+    if (z->mem_source != AT_MEM_UNREAD) {
+        seen = (double)z->mem_avail - (double)avail + (double)z->mem_freed;
+        if (seen < 0) {
+            z->mem_early_free += (apr_uint64_t)-seen;
+        }
+        else {
+            double cancel = (double)z->mem_early_free < seen ? (double)z->mem_early_free : seen;
+
+            z->mem_early_free -= (apr_uint64_t)cancel;
+            seen -= cancel;
+            z->mem_pending -= seen < (double)z->mem_pending ? (apr_uint64_t)seen
+                                                            : z->mem_pending;
+        }
+    }
+    if (z->mem_early_free > (apr_uint64_t)z->active * z->mem_bytes) {
+        /* only running requests can still announce an end */
+        z->mem_early_free = (apr_uint64_t)z->active * z->mem_bytes;
+    }
+    young = mem_young(z, now);
+    if (z->mem_pending > young) {
+        z->mem_pending = young; /* older requests are in the reading by now */
+    }
+    z->mem_freed = 0;
+    z->mem_avail = avail;
+    z->mem_source = source;
+}
+
+static int mem_estimate_allows(const at_zone_t *z)
+{
+    return z->mem_source == AT_MEM_UNREAD
+           || (z->mem_avail > z->mem_pending
+               && z->mem_avail - z->mem_pending >= z->mem_bytes);
+}
+
+/* Whether memory lets one more request start: the reading, less what has
+ * been promised to requests the readings do not show yet, must hold
+ * mem=. The reading is taken at most every AT_MEM_READ_US while there is
+ * room, and every AT_MEM_REREAD_US while memory holds requests back. */
+static int mem_allows(at_zone_t *z, apr_int64_t now)
+{
+    apr_int64_t age;
+
+    if (!z->mem_bytes) {
+        return 1;
+    }
+    age = now - z->mem_read_us;
+    if (age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !mem_estimate_allows(z))) {
+        mem_refresh(z, now);
+    }
+    return mem_estimate_allows(z);
+}
+
+static void mem_note_start(at_zone_t *z)
+{
+    if (z->mem_bytes) {
+        z->mem_pending += z->mem_bytes;
+    }
+}
+
+/* A request that ended at once is taken to have taken nothing: its promise
+ * is withdrawn. One that ran longer is taken to give back its full mem=,
+ * which the next reading should show. */
+static void mem_note_end(at_zone_t *z, const at_slot_t *s)
+{
+    if (!z->mem_bytes) {
+        return;
+    }
+    if (at_now_us() - s->since_us < AT_MEM_QUICK_US) {
+        z->mem_pending -= z->mem_pending < z->mem_bytes ? z->mem_pending : z->mem_bytes;
+    }
+    else {
+        z->mem_freed += z->mem_bytes;
+    }
+}
+
 /* Hand free capacity to the oldest waiters, one wake-up each. The order of
  * writes lets zone_repair finish a hand-off cut short by a dying process. */
 static void dispatch(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
-    apr_int64_t now = 0;
+    apr_int64_t now = at_now_us();
 
-    while (z->qhead != NONE && z->active < z->limit && z->free_slot != NONE) {
+    while (z->qhead != NONE && z->active < z->limit && z->free_slot != NONE
+           && mem_allows(z, now)) {
         apr_int32_t i = z->qhead;
 
-        if (!now) {
-            now = at_now_us();
-        }
         queue_unlink(z, i);
         w[i].slot = z->free_slot;
         slot_take(z, &w[i].owner, w[i].ticket, &w[i].client, now);
+        mem_note_start(z);
         w[i].state = W_GRANTED;
         wake_word(&w[i].wake);
     }
@@ -623,6 +759,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->timeout_us = c->timeout_us;
     z->retry_after = c->retry_after;
     z->dry_run = c->dry_run;
+    z->mem_bytes = c->mem_bytes;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -892,6 +1029,7 @@ static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
 {
     client_add(z, client);
     t->slot = slot_take(z, self, t->ticket, client, now);
+    mem_note_start(z);
     t->granted_us = now;
     z->admitted++;
     record_wait(z, 0, now);
@@ -916,9 +1054,14 @@ static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
     return z->per_client && client_count(z, client) >= z->per_client;
 }
 
-static int can_run_now(const at_zone_t *z)
+static int slot_free_for_newcomer(const at_zone_t *z)
 {
     return z->active < z->limit && z->qhead == NONE && z->free_slot != NONE;
+}
+
+static int can_run_now(at_zone_t *z, apr_int64_t now)
+{
+    return slot_free_for_newcomer(z) && mem_allows(z, now);
 }
 
 static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
@@ -937,6 +1080,9 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             return AT_ERROR;
         }
         now = at_now_us();
+        if (z->mem_bytes && z->qhead == wi) {
+            dispatch(z); /* memory frees without anyone releasing a slot */
+        }
         if (w->state == W_GRANTED) {
             t->slot = w->slot;
             t->granted_us = now;
@@ -1011,7 +1157,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     }
     t->ticket = ++z->next_ticket;
     t->queue_depth = z->queued;
-    if (!can_run_now(z) && z->active >= z->limit && reclaim_due(z, start)) {
+    if (!slot_free_for_newcomer(z) && z->active >= z->limit && reclaim_due(z, start)) {
         zone_unlock(z);
         at_zone_reclaim(z); /* a full zone may be full of the dead */
         if (zone_lock(z) != 0) {
@@ -1032,10 +1178,13 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
         zone_unlock(z);
         return r;
     }
-    if (can_run_now(z)) {
+    if (can_run_now(z, start)) {
         grant_now(z, t, self, client, start);
         zone_unlock(z);
         return AT_ADMITTED;
+    }
+    if (slot_free_for_newcomer(z)) {
+        z->mem_held++; /* only memory stood in the way */
     }
     if (z->dry_run) {
         r = run_over_cap(z, t, 0);
@@ -1166,6 +1315,16 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
         }
     }
     o->oldest_us = oldest;
+    if (z->mem_bytes) {
+        mem_allows(z, now); /* a reading no older than a request would use */
+        o->mem_bytes = z->mem_bytes;
+        o->mem_avail = z->mem_avail;
+        o->mem_source = (int)z->mem_source;
+        o->mem_pending = z->mem_pending;
+        o->mem_read_age_us = now - z->mem_read_us;
+    }
+    o->mem_held = z->mem_held;
+    o->mem_read_errors = z->mem_read_errors;
     zone_unlock(z);
 }
 

@@ -356,6 +356,27 @@ static void arm_lock_holder(server_rec *s)
     }
 }
 
+/* For the test suite: mem= reads its /proc and /sys files under this
+ * directory instead, so a test can say how much memory is available; the
+ * test's requests may also take longer than AT_MEM_SETTLE_US to show their
+ * memory there. */
+#define MEM_ROOT_ENV "MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT"
+
+#define MEM_SETTLE_ENV "MOD_ADAPTIVE_THROTTLE_TEST_MEM_SETTLE_MS"
+
+static void arm_mem_root(server_rec *s)
+{
+    const char *root = getenv(MEM_ROOT_ENV);
+    const char *settle = getenv(MEM_SETTLE_ENV);
+
+    if (root) {
+        at_zone_set_mem_reading(root, settle ? apr_atoi64(settle) * 1000 : -1);
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, MEM_ROOT_ENV " is set: mem= "
+                     "reads the available memory under %s (a test; never set it in "
+                     "production)", root);
+    }
+}
+
 static void maybe_hang_holding_lock(request_rec *r, at_zone_t *z)
 {
     apr_file_t *f;
@@ -414,6 +435,7 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
         warn_if_workers_short(s, ref);
     }
     arm_lock_holder(s);
+    arm_mem_root(s);
     return OK;
 }
 
@@ -690,8 +712,9 @@ apr_array_header_t *at_configured_zones(apr_pool_t *p)
 
 static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
-                      "ThrottleZone NAME limit=N [queue=N] [timeout=DURATION] "
-                      "[retry_after=SECONDS|auto] [dry_run=on|off]: a shared cap and queue"),
+                      "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
+                      "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
+                      "[per_client=N] [mem=SIZE]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,

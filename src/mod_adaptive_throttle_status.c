@@ -41,6 +41,7 @@ enum {
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
     F_LIMIT_AUTO, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS,
+    F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
     F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED, F_REJ_CLIENT,
     F_ABORTED, F_RECLAIMED, F_LOCK_REPAIRS, F_DRY_QUEUED, F_DRY_REJECTED,
     NFIELDS
@@ -76,6 +77,12 @@ static const field_t fields[NFIELDS] = {
     {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL},
     {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit."},
     {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set)."},
+    {"Mem", "mem_bytes", "mem_bytes", NULL, GAUGE, "Memory a request of the zone needs available to start (mem=); 0: not checked."},
+    {"MemAvailable", "mem_available_bytes", "mem_available_bytes", NULL, GAUGE, "Available memory at the last reading (mem= zones)."},
+    {"MemSource", "mem_source", "mem_source", NULL, GAUGE, "Where the reading came from: 0 none, 1 /proc/meminfo, 2 cgroup v1, 3 cgroup v2."},
+    {"MemReadingAgeMs", "mem_reading_age_ms", NULL, NULL, GAUGE, NULL},
+    {"HeldForMemory", "held_for_memory", "held_for_memory_total", NULL, COUNTER, "Requests that waited though a slot was free, for memory (mem=)."},
+    {"MemReadErrors", "mem_read_errors", "mem_read_errors_total", NULL, COUNTER, "Readings of the available memory that failed (mem= is then not enforced)."},
     {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting."},
     {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot."},
     {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason."},
@@ -137,6 +144,12 @@ static void fill_values(zone_view_t *z)
     v[F_REJ_CLIENT] = (double)s->rejected_client;
     v[F_PER_CLIENT] = s->per_client;
     v[F_CLIENTS] = s->clients;
+    v[F_MEM] = (double)s->mem_bytes;
+    v[F_MEM_AVAIL] = (double)s->mem_avail;
+    v[F_MEM_SOURCE] = s->mem_source;
+    v[F_MEM_AGE] = ms(s->mem_read_age_us);
+    v[F_MEM_HELD] = (double)s->mem_held;
+    v[F_MEM_ERRORS] = (double)s->mem_read_errors;
     v[F_ABORTED] = (double)s->aborted;
     v[F_RECLAIMED] = (double)s->reclaimed;
     v[F_LOCK_REPAIRS] = (double)s->lock_repairs;

@@ -38,8 +38,28 @@ sub with_count {
     close $fh;
 }
 
+# mem=MiB: the request takes that much memory while it runs, as seen by a
+# memory cgroup laid out for the test (MEM_CURRENT names its memory.current).
+my $mem = ($q{mem} // '') =~ /^(\d+)$/ ? $1 : 0;
+sub take_memory {
+    my ($mib) = @_;
+    my $file = $ENV{MEM_CURRENT} or die "MEM_CURRENT not set";
+    open(my $lk, '>>', "$file.lock") or die "$file.lock: $!";
+    flock($lk, LOCK_EX) or die "flock: $!";
+    open(my $in, '<', $file) or die "$file: $!";
+    my $cur = <$in> + $mib * 1048576;
+    close $in;
+    open(my $out, '>', "$file.$$") or die "$file.$$: $!";
+    print $out "$cur\n";
+    close $out;
+    rename("$file.$$", $file) or die "rename: $!"; # readers never see half a file
+    close $lk;
+}
+
 with_count(+1, 1);
+take_memory($mem) if $mem;
 sleep($ms / 1000) if $ms;
+take_memory(-$mem) if $mem;
 with_count(-1, 0);
 
 print "Content-Type: text/plain\n\n";

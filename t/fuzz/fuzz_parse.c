@@ -46,6 +46,7 @@ static void check_zone_args(apr_pool_t *p, const char *s)
         assert(c.timeout_us > 0 && c.timeout_us <= AT_TIMEOUT_MAX_US);
         assert(c.retry_after <= AT_RETRY_AFTER_MAX);
         assert(c.per_client <= AT_LIMIT_MAX + AT_QUEUE_MAX);
+        assert(c.mem_bytes <= AT_MEM_MAX);
         assert(!c.limit_auto
                || (c.limit_min >= 1 && c.limit_min <= c.limit && c.limit <= c.limit_max
                    && c.limit_max <= AT_LIMIT_MAX));
@@ -71,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     apr_pool_create(&p, root);
     s = apr_pstrmemdup(p, (const char *)data + 1, size - 1); /* stops at a NUL */
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0:
         check_zone_args(p, s);
         break;
@@ -82,6 +83,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 2:
         err = at_parse_uint(p, s, 1, 1000, &n);
         assert(err || (n >= 1 && n <= 1000));
+        break;
+    case 3:
+        err = at_parse_size(p, s, 1, AT_MEM_MAX, &n);
+        assert(err || (n >= 1 && n <= AT_MEM_MAX));
         break;
     default:
         err = at_parse_zone_name(p, s);

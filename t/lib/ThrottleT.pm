@@ -218,6 +218,9 @@ CONF
     close $doc;
     chmod 0644, "$dir/hello.txt";
     my $read = sub { my $f = shift; local (@ARGV, $/) = ($f); -f $f ? <> : '' };
+    # The suite's memory cgroup layout is for the main server's mem= zones.
+    local $ENV{MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT};
+    delete $ENV{MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT};
     system($httpd, '-d', $dir, '-f', "$dir/httpd.conf", '-k', 'start') == 0
         or die 'private httpd did not start: ' . $read->("$dir/error_log");
     my $srv = { dir => $dir, port => $port };

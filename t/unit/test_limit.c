@@ -224,7 +224,8 @@ static void test_light_load_never_raises(void **state)
 }
 
 /* A switch from a sleep-bound to a CPU-bound service and back: the limit
- * follows within 12 windows each way (6 s with half-second windows). */
+ * follows within 12 windows down and 8 up (6 and 4 s with half-second
+ * windows). */
 static void test_follows_a_switch(void **state)
 {
     workload_t wl = {0, 1000, 0.03, 1, 17};
@@ -245,7 +246,9 @@ static void test_follows_a_switch(void **state)
     }
     print_message("switch: down to <= 5 in %d windows, back to 64 in %d\n", down, up);
     assert_true(down <= 12);
-    assert_true(up <= 12);
+    /* 10 windows when a failed step down was followed by the usual hold;
+     * the climb starts at once when throughput fell with concurrency. */
+    assert_true(up <= 8);
 }
 
 int main(void)

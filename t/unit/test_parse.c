@@ -75,6 +75,36 @@ static void test_accepted(void **state)
     assert_int_equal(c.limit_auto, 0);
     assert_null(parse_line("limit=3 per_client=2", &c));
     assert_int_equal(c.per_client, 2);
+    assert_int_equal(c.mem_bytes, 0);
+}
+
+static void test_mem_sizes(void **state)
+{
+    static const struct {
+        const char *line;
+        apr_uint64_t bytes;
+    } ok[] = {
+        {"limit=1 mem=200M", APR_UINT64_C(200) << 20},
+        {"limit=1 mem=200m", APR_UINT64_C(200) << 20},
+        {"limit=1 mem=200MB", APR_UINT64_C(200) << 20},
+        {"limit=1 mem=200MiB", APR_UINT64_C(200) << 20},
+        {"limit=1 mem=1G", APR_UINT64_C(1) << 30},
+        {"limit=1 mem=2t", APR_UINT64_C(2) << 40},
+        {"limit=1 mem=512k", APR_UINT64_C(512) << 10},
+        {"limit=1 mem=65536", 65536},
+        {"limit=1 mem=1024T", APR_UINT64_C(1) << 50},
+    };
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        at_zone_conf_t c;
+        const char *err = parse_line(ok[i].line, &c);
+
+        if (err || c.mem_bytes != ok[i].bytes) {
+            fail_msg("'%s' gave %s, %llu bytes", ok[i].line, err ? err : "no error",
+                     (unsigned long long)c.mem_bytes);
+        }
+    }
 }
 
 static void test_auto_limit(void **state)
@@ -140,6 +170,15 @@ static void test_refused(void **state)
         {"limit=1 Limit=2", "Limit"},
         {"limit=1 dry_run=yes", "yes"},
         {"limit=1 dry_run=1", "1"},
+        {"limit=1 mem=0", "0"},
+        {"limit=1 mem=0M", "0M"},
+        {"limit=1 mem=200X", "unknown unit 'X'"},
+        {"limit=1 mem=200MX", "200MX"},
+        {"limit=1 mem=1.5G", "1.5G"},
+        {"limit=1 mem=-1M", "-1M"},
+        {"limit=1 mem=M", "M"},
+        {"limit=1 mem=1025T", "1025T"},
+        {"limit=1 mem=99999999999999999999999", "99999999999999999999999"},
     };
     (void)state;
 
@@ -177,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_auto_limit),
+        cmocka_unit_test(test_mem_sizes),
         cmocka_unit_test(test_zone_names),
     };
     int rc;

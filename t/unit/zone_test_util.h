@@ -26,7 +26,7 @@ static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 static inline at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_int64_t timeout_us)
 {
-    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0};
 
     return zone_new_conf(&c);
 }
@@ -39,12 +39,17 @@ static inline void zone_free(at_zone_t *z)
     munmap(z, at_zone_size(s.nslots, s.nwaiters));
 }
 
-static inline apr_uint32_t queued_now(at_zone_t *z)
+static inline at_zone_stats_t stats_of(at_zone_t *z)
 {
     at_zone_stats_t s;
 
     at_zone_stats(z, &s);
-    return s.queued;
+    return s;
+}
+
+static inline apr_uint32_t queued_now(at_zone_t *z)
+{
+    return stats_of(z).queued;
 }
 
 #ifdef cmocka_unit_test

@@ -1,0 +1,422 @@
+/*
+ * Unit tests of mem=: reading the available memory from cgroup v2, cgroup
+ * v1 and /proc/meminfo (in a directory laid out as / is), and the zone
+ * holding requests back, in order, until the reading says there is room.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "at_mem.h"
+#include "at_zone.h"
+#include "zone_test_util.h"
+
+#define MS 1000
+#define MiB (APR_UINT64_C(1) << 20)
+
+static char root[64];
+
+static void mkdirs(const char *path)
+{
+    char buf[512];
+
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    }
+}
+
+/* Writes a file under the fake root, as the kernel would show it: whole,
+ * never half-written, to a reader in another thread. */
+static void put(const char *rel, const char *fmt, ...)
+{
+    char path[512], tmp[520];
+    va_list ap;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s%s", root, rel);
+    snprintf(tmp, sizeof(tmp), "%s.new", path);
+    mkdirs(path);
+    f = fopen(tmp, "w");
+    assert_non_null(f);
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fclose(f);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+static void meminfo(apr_uint64_t avail)
+{
+    put("/proc/meminfo",
+        "MemTotal:       24000000 kB\nMemFree:  1000 kB\n"
+        "MemAvailable:   %llu kB\nBuffers: 0 kB\n",
+        (unsigned long long)(avail / 1024));
+}
+
+static int fresh_root(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof(root), "/tmp/at-mem-test.XXXXXX");
+    assert_non_null(mkdtemp(root));
+    return 0;
+}
+
+static int remove_root(void **state)
+{
+    char cmd[128];
+    (void)state;
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static apr_uint64_t read_avail(at_mem_source_t expect)
+{
+    apr_uint64_t avail = 0;
+    at_mem_source_t src = AT_MEM_UNREAD;
+
+    assert_int_equal(at_mem_read(root, &avail, &src), APR_SUCCESS);
+    assert_string_equal(at_mem_source_name(src), at_mem_source_name(expect));
+    return avail;
+}
+
+/* v2: the tightest of the cgroup and its ancestors, inactive page cache
+ * counted as free; MemAvailable still caps it. */
+static void test_cgroup2(void **state)
+{
+    (void)state;
+    meminfo(10240 * MiB);
+    put("/proc/self/cgroup", "0::/web/httpd\n");
+    put("/sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
+    put("/sys/fs/cgroup/web/httpd/memory.max", "%llu\n", 1024 * MiB);
+    put("/sys/fs/cgroup/web/httpd/memory.current", "%llu\n", 300 * MiB);
+    put("/sys/fs/cgroup/web/httpd/memory.stat", "anon 1\nfile 2\ninactive_file %llu\n",
+        100 * MiB);
+    put("/sys/fs/cgroup/web/memory.max", "max\n");
+    put("/sys/fs/cgroup/web/memory.current", "%llu\n", 5000 * MiB);
+    assert_true(read_avail(AT_MEM_CGROUP2) == 824 * MiB);
+
+    /* The parent is tighter. */
+    put("/sys/fs/cgroup/web/memory.max", "%llu\n", 800 * MiB);
+    put("/sys/fs/cgroup/web/memory.current", "%llu\n", 600 * MiB);
+    assert_true(read_avail(AT_MEM_CGROUP2) == 200 * MiB);
+
+    /* Over the limit: nothing, not a wrapped-around huge number. */
+    put("/sys/fs/cgroup/web/memory.current", "%llu\n", 900 * MiB);
+    assert_true(read_avail(AT_MEM_CGROUP2) == 0);
+
+    /* The machine has less than the cgroup would allow. */
+    put("/sys/fs/cgroup/web/memory.max", "max\n");
+    meminfo(500 * MiB);
+    assert_true(read_avail(AT_MEM_CGROUP2) == 500 * MiB);
+
+    /* No limit anywhere: MemAvailable. */
+    put("/sys/fs/cgroup/web/httpd/memory.max", "max\n");
+    assert_true(read_avail(AT_MEM_MEMINFO) == 500 * MiB);
+}
+
+/* v1: the memory hierarchy's line, however many controllers share it; the
+ * kernel's "no limit" is a huge number, not "max". */
+static void test_cgroup1(void **state)
+{
+    (void)state;
+    meminfo(10240 * MiB);
+    put("/proc/self/cgroup", "9:pids:/\n4:cpu,memory:/box\n1:name=systemd:/box\n0::/\n");
+    put("/sys/fs/cgroup/memory/box/memory.limit_in_bytes", "%llu\n", 512 * MiB);
+    put("/sys/fs/cgroup/memory/box/memory.usage_in_bytes", "%llu\n", 112 * MiB);
+    put("/sys/fs/cgroup/memory/box/memory.stat", "cache 1\ntotal_inactive_file %llu\n",
+        12 * MiB);
+    put("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    put("/sys/fs/cgroup/memory/memory.usage_in_bytes", "%llu\n", 9000 * MiB);
+    assert_true(read_avail(AT_MEM_CGROUP1) == 412 * MiB);
+
+    put("/sys/fs/cgroup/memory/box/memory.limit_in_bytes", "9223372036854771712\n");
+    assert_true(read_avail(AT_MEM_MEMINFO) == 10240 * MiB);
+}
+
+static void test_unreadable(void **state)
+{
+    apr_uint64_t avail;
+    at_mem_source_t src;
+    (void)state;
+
+    assert_int_not_equal(at_mem_read(root, &avail, &src), APR_SUCCESS);
+    put("/proc/meminfo", "MemTotal: 1 kB\n"); /* a kernel without MemAvailable */
+    assert_int_not_equal(at_mem_read(root, &avail, &src), APR_SUCCESS);
+}
+
+#define FOREVER (3600 * APR_INT64_C(1000000))
+
+/* With settle_us FOREVER, running requests always count as taking all
+ * their mem= on top of the reading; the tests' requests take nothing, so
+ * the reading is what the rest of the machine leaves. */
+static at_zone_t *zone_mem(apr_uint32_t limit, apr_uint32_t queue, apr_uint64_t mem,
+                           apr_int64_t settle_us)
+{
+    at_zone_conf_t c = {limit, queue, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, mem};
+
+    at_zone_set_mem_reading(root, settle_us);
+    return zone_new_conf(&c);
+}
+
+typedef struct {
+    at_zone_t *z;
+    at_result_t result;
+    at_ticket_t t;
+    apr_int64_t done_us;
+} waiter_t;
+
+static void *request(void *arg)
+{
+    waiter_t *w = arg;
+
+    w->result = at_zone_acquire(w->z, &w->t, NULL, NULL);
+    __atomic_store_n(&w->done_us, at_now_us(), __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static int done(waiter_t *w)
+{
+    return __atomic_load_n(&w->done_us, __ATOMIC_SEQ_CST) != 0;
+}
+
+/* Up to 2 s for a waiter to be let in. */
+static int let_in_within_2s(waiter_t *w)
+{
+    for (int i = 0; i < 2000 && !done(w); i++) {
+        usleep(1000);
+    }
+    return done(w);
+}
+
+/* 450 MiB free and 200 MiB a request: the third waits though slots are
+ * free, and is let in when memory frees with no slot released; the one
+ * queued behind it keeps its place until a request ends. */
+static void test_held_until_memory_frees(void **state)
+{
+    enum { N = 4 };
+    at_zone_t *z;
+    waiter_t w[N];
+    pthread_t th[N];
+    (void)state;
+
+    meminfo(450 * MiB);
+    z = zone_mem(8, 8, 200 * MiB, FOREVER);
+    memset(w, 0, sizeof(w));
+    for (int i = 0; i < N; i++) {
+        w[i].z = z;
+        pthread_create(&th[i], NULL, request, &w[i]);
+        if (i < 2) {
+            assert_true(let_in_within_2s(&w[i]));
+            assert_int_equal(w[i].result, AT_ADMITTED);
+        }
+        else {
+            wait_until_queued(z, (apr_uint32_t)i - 1);
+        }
+    }
+    assert_int_equal(stats_of(z).active, 2);
+    assert_int_equal(stats_of(z).mem_held, 1); /* the 4th queued behind the 3rd */
+    usleep(200 * MS);                          /* readings come and go: still no room */
+    assert_false(done(&w[2]));
+
+    meminfo(650 * MiB); /* something else on the machine let go */
+    assert_true(let_in_within_2s(&w[2]));
+    assert_int_equal(w[2].result, AT_QUEUED);
+    usleep(200 * MS);
+    assert_false(done(&w[3]));
+    assert_int_equal(stats_of(z).active, 3);
+
+    at_zone_release(z, &w[0].t); /* its memory is no longer counted */
+    assert_true(let_in_within_2s(&w[3]));
+    assert_int_equal(w[3].result, AT_QUEUED);
+    assert_true(w[2].done_us < w[3].done_us);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (i) {
+            at_zone_release(z, &w[i].t);
+        }
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* A burst: 1000 MiB free, 200 MiB a request, 12 at once: exactly 5 start,
+ * however the readings fall among them. */
+static void test_burst_cannot_overshoot(void **state)
+{
+    enum { N = 12 };
+    at_zone_t *z;
+    waiter_t w[N];
+    pthread_t th[N];
+    int admitted = 0;
+    (void)state;
+
+    meminfo(1000 * MiB);
+    z = zone_mem(N, N, 200 * MiB, FOREVER);
+    memset(w, 0, sizeof(w));
+    for (int i = 0; i < N; i++) {
+        w[i].z = z;
+        pthread_create(&th[i], NULL, request, &w[i]);
+    }
+    wait_until_queued(z, N - 5);
+    usleep(200 * MS); /* several readings */
+    for (int i = 0; i < N; i++) {
+        admitted += done(&w[i]);
+    }
+    assert_int_equal(admitted, 5);
+    assert_int_equal(stats_of(z).active, 5);
+    assert_true(stats_of(z).mem_avail == 1000 * MiB);
+
+    meminfo(100000 * MiB); /* let the rest in */
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        at_zone_release(z, &w[i].t);
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* Once a request has run for the settling time, the next reading is
+ * trusted to show its memory: with 300 MiB free by every reading, a second
+ * 200 MiB request starts after the first has settled, not before. */
+static void test_settled_requests_are_in_the_reading(void **state)
+{
+    at_zone_t *z;
+    at_ticket_t a;
+    waiter_t b = {0};
+    pthread_t th;
+    (void)state;
+
+    meminfo(300 * MiB);
+    z = zone_mem(4, 4, 200 * MiB, 300 * MS);
+    b.z = z;
+    assert_int_equal(at_zone_acquire(z, &a, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, request, &b);
+    assert_true(let_in_within_2s(&b));
+    assert_int_equal(b.result, AT_QUEUED);
+    assert_true(b.done_us - a.granted_us >= 300 * MS);
+    pthread_join(th, NULL);
+    at_zone_release(z, &a);
+    at_zone_release(z, &b.t);
+    zone_free(z);
+}
+
+/* A request's process gives its memory back before the request ends (a
+ * CGI exits, then httpd finishes the answer): the memory coming back and
+ * the end that follows are one event, not two. Counted twice, d would
+ * start on memory that b and c have been promised. */
+static void test_early_free_not_counted_twice(void **state)
+{
+    at_zone_conf_t c = {8, 0, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 400 * MiB};
+    at_zone_t *z;
+    at_ticket_t ta, tb, tc, td;
+    (void)state;
+
+    meminfo(1000 * MiB);
+    at_zone_set_mem_reading(root, FOREVER);
+    z = zone_new_conf(&c);
+    assert_int_equal(at_zone_acquire(z, &ta, NULL, NULL), AT_ADMITTED);
+    meminfo(600 * MiB); /* a has taken its memory */
+    usleep(300 * MS);   /* the next request takes a new reading */
+    assert_int_equal(at_zone_acquire(z, &tb, NULL, NULL), AT_ADMITTED);
+    meminfo(1000 * MiB); /* a's process exits; b has not taken its memory yet */
+    usleep(300 * MS);
+    assert_int_equal(at_zone_acquire(z, &tc, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &ta); /* a ends */
+    usleep(300 * MS);
+    /* 1000 MiB free by the reading, 800 promised to b and c. */
+    assert_int_equal(at_zone_acquire(z, &td, NULL, NULL), AT_REJECTED_FULL);
+    assert_true(stats_of(z).mem_pending == 800 * MiB);
+    at_zone_release(z, &tb);
+    at_zone_release(z, &tc);
+    zone_free(z);
+}
+
+/* Waiters held for memory still time out, and leave their places. */
+static void test_timeout_while_held(void **state)
+{
+    at_zone_conf_t c = {4, 4, 150 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 300 * MiB};
+    at_zone_t *z;
+    at_ticket_t t;
+    (void)state;
+
+    meminfo(200 * MiB);
+    at_zone_set_mem_reading(root, FOREVER);
+    z = zone_new_conf(&c);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_TIMEOUT);
+    assert_int_equal(stats_of(z).queued, 0);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* Memory that cannot be read does not stop the server. */
+static void test_unreadable_fails_open(void **state)
+{
+    at_zone_t *z;
+    at_ticket_t t[3];
+    (void)state;
+
+    z = zone_mem(3, 3, 200 * MiB, FOREVER);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(at_zone_acquire(z, &t[i], NULL, NULL), AT_ADMITTED);
+    }
+    assert_true(stats_of(z).mem_read_errors >= 1);
+    for (int i = 0; i < 3; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    zone_free(z);
+}
+
+/* Zones without mem= never read memory. */
+static void test_no_mem_no_reading(void **state)
+{
+    at_zone_t *z;
+    at_ticket_t t;
+    (void)state;
+
+    z = zone_mem(1, 1, 0, FOREVER);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t);
+    assert_int_equal(stats_of(z).mem_read_errors, 0);
+    assert_int_equal(stats_of(z).mem_source, AT_MEM_UNREAD);
+    zone_free(z);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_cgroup2, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_cgroup1, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_unreadable, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_held_until_memory_frees, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_burst_cannot_overshoot, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_settled_requests_are_in_the_reading,
+                                        fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_early_free_not_counted_twice, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_timeout_while_held, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_unreadable_fails_open, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_no_mem_no_reading, fresh_root, remove_root),
+    };
+
+    apr_initialize();
+    return cmocka_run_group_tests_name("mem", tests, NULL, NULL);
+}
