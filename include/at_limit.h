@@ -11,8 +11,13 @@
 
 #include <apr.h>
 
-/* A window is judged only with this many completions in it. */
+/* A window is judged once this many requests completed in it, or once
+ * AT_LIMIT_FEW_SAMPLES did and their mean service time is known to a tenth
+ * of the smallest step (20 % of the limit, or 1): the relative standard
+ * error of the mean within max(0.02, 0.1 / limit). A handler that sleeps
+ * 200 ms at a limit of 1 is then judged every 1.2 s instead of every 4 s. */
 #define AT_LIMIT_MIN_SAMPLES 20
+#define AT_LIMIT_FEW_SAMPLES 6
 /* Informative windows spent at the best level between two probes. */
 #define AT_LIMIT_HOLD 3
 
@@ -42,6 +47,11 @@ typedef struct {
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
                    apr_uint32_t max);
+
+/* Whether n completions whose service times add up to sum_us, and their
+ * squares to sumsq_us, are enough to judge a window at the current limit. */
+int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
+                            double sumsq_us);
 
 /* Feed one window; returns 1 if the limit the zone runs changed. */
 int at_limit_update(at_limit_t *c, const at_window_t *w);

@@ -90,8 +90,8 @@ void at_set_logger(at_log_fn fn);
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
 /* limit=auto judges windows of at least this long, with enough requests
- * (AT_LIMIT_MIN_SAMPLES) or else at most this long. */
-#define AT_AUTO_WINDOW_MIN_US 500000
+ * (at_limit_enough_samples) or else at most this long. */
+#define AT_AUTO_WINDOW_MIN_US 250000
 #define AT_AUTO_WINDOW_MAX_US 10000000
 /* mem=: how old the reading of available memory may get while there is
  * room, and while memory holds requests back. */

@@ -15,7 +15,7 @@
 
 /* A step is worth it when at least this share of the relative change in
  * concurrency shows as a relative change in throughput. */
-#define WORTH 0.5
+#define WORTH 0.3
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
 
@@ -80,11 +80,64 @@ static int step_paid(const at_limit_t *c, double x, double conc)
     return c->dir > 0 ? gain >= WORTH : gain < WORTH;
 }
 
-static void judge_step(at_limit_t *c, double x, double conc)
+/* At the same level, a service time half as long again or two thirds as
+ * long as the level's usual one means the work itself changed. */
+static int service_changed(double before_us, double now_us)
 {
-    int paid = step_paid(c, x, conc);
-    int was_down = c->dir < 0;
+    return before_us > 0 && (now_us > 1.5 * before_us || 1.5 * now_us < before_us);
+}
 
+/* Across a step, concurrency alone moves the service time between
+ * unchanged (the work waits) and in proportion (it computes): outside that
+ * range by half again, the work changed under the step. */
+static int work_changed_under_step(const at_limit_t *c, double x, double conc)
+{
+    double ratio = conc / c->last_c;
+    double before = c->last_c / c->last_x, now = conc / x;
+
+    return now > 1.5 * before * (ratio > 1 ? ratio : 1)
+           || 1.5 * now < before * (ratio < 1 ? ratio : 1);
+}
+
+/* A probe from the settled level; one into a bound would change nothing
+ * and waste the hold after it. */
+static void probe(at_limit_t *c, int dir)
+{
+    if (dir < 0 && c->limit <= c->min) {
+        dir = +1;
+    }
+    else if (dir > 0 && c->limit >= c->max) {
+        dir = -1;
+    }
+    c->run = 0;
+    take_step(c, dir);
+}
+
+/* The work changed (a handler turned from waiting to computing, or
+ * another program took the cores): what the level was judged by no longer
+ * holds, so look again at once rather than after a hold, which at a long
+ * service time is seconds. Down first if each request now takes longer: if
+ * the work now waits instead, a step down that costs throughput turns the
+ * search up in the next window. */
+static void look_again(at_limit_t *c, double before_us, double service_us)
+{
+    c->settled = c->limit;
+    c->baseline_us = service_us;
+    c->hold = 0;
+    probe(c, service_us > before_us ? -1 : +1);
+}
+
+static void judge_step(at_limit_t *c, double x, double conc, double service_us)
+{
+    int paid, was_down = c->dir < 0;
+
+    if (work_changed_under_step(c, x, conc)) {
+        /* The window before the step measured other work: it cannot judge
+         * the step. */
+        look_again(c, c->last_c / c->last_x * 1e6, service_us);
+        return;
+    }
+    paid = step_paid(c, x, conc);
     if (paid == 1) {
         c->settled = c->limit;
         take_step(c, c->dir);
@@ -103,14 +156,39 @@ static void judge_step(at_limit_t *c, double x, double conc)
 
 static void hold_or_probe(at_limit_t *c, double service_us)
 {
+    if (service_changed(c->baseline_us, service_us)) {
+        look_again(c, c->baseline_us, service_us);
+        return;
+    }
     c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
                                          : service_us;
     if (c->hold > 0) {
         c->hold--;
         return;
     }
-    c->run = 0;
-    take_step(c, c->next_probe);
+    probe(c, c->next_probe);
+}
+
+int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
+                            double sumsq_us)
+{
+    /* a tenth of the smallest step: 20 % of the limit, or 1 */
+    double tolerance = 0.1 / at_limit_value(c);
+    double mean, var;
+
+    if (n >= AT_LIMIT_MIN_SAMPLES) {
+        return 1;
+    }
+    if (n < AT_LIMIT_FEW_SAMPLES || sum_us <= 0) {
+        return 0;
+    }
+    mean = sum_us / n;
+    var = (sumsq_us - sum_us * mean) / (n - 1);
+    /* var < 0 only by rounding, when all took the same time */
+    if (tolerance < 0.02) {
+        tolerance = 0.02;
+    }
+    return var <= 0 || sqrt(var / n) <= tolerance * mean;
 }
 
 int at_limit_update(at_limit_t *c, const at_window_t *w)
@@ -118,7 +196,7 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     apr_uint32_t before = at_limit_value(c);
     double x, conc;
 
-    if (w->completed < AT_LIMIT_MIN_SAMPLES || w->secs <= 0 || w->inflight <= 0
+    if (w->completed < AT_LIMIT_FEW_SAMPLES || w->secs <= 0 || w->inflight <= 0
         || w->service_us <= 0) {
         return 0;
     }
@@ -137,7 +215,7 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
         c->last_x = 0;
     }
     else if (c->dir && c->last_x > 0) {
-        judge_step(c, x, conc);
+        judge_step(c, x, conc, w->service_us);
     }
     else {
         hold_or_probe(c, w->service_us);

@@ -99,6 +99,7 @@ struct at_zone {
     at_limit_t ctl;
     apr_int64_t cw_start_us, cw_last_us;
     double cw_active_us, cw_waited_us, cw_service_us, cw_service_max_us;
+    double cw_service_sq_us; /* sum of squares: how steady the window's mean is */
     apr_uint32_t cw_completed, cw_refused;
     apr_uint64_t client_seed; /* so nobody can choose colliding addresses */
 
@@ -698,6 +699,7 @@ static void window_reset(at_zone_t *z, apr_int64_t now)
 {
     z->cw_start_us = z->cw_last_us = now;
     z->cw_active_us = z->cw_waited_us = z->cw_service_us = z->cw_service_max_us = 0;
+    z->cw_service_sq_us = 0;
     z->cw_completed = z->cw_refused = 0;
 }
 
@@ -977,6 +979,19 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
                              : (apr_uint64_t)us;
 }
 
+/* A request that ends after a change ran partly before it, unless it
+ * started after: the next window waits a quarter more than a service time
+ * at the new level, which for work that computes grows with the limit, and
+ * never less than one service time now. Less, and a step up looks better
+ * than it is and one down worse, which held a CPU-bound limit at 40 in S4. */
+static apr_int64_t settling_us(const at_zone_t *z, apr_uint32_t next)
+{
+    double scale = z->limit ? (double)next / z->limit : 1;
+
+    return (apr_int64_t)(1.25 * (scale > 1 ? scale : scale < 0.8 ? 0.8 : scale)
+                         * (double)z->service_ewma_us);
+}
+
 /* limit=auto: the first release after a window is long enough hands the
  * window to the controller; one place, under the lock, for every process. */
 static void maybe_close_window(at_zone_t *z, apr_int64_t now)
@@ -985,7 +1000,9 @@ static void maybe_close_window(at_zone_t *z, apr_int64_t now)
     at_window_t w;
 
     if (len < AT_AUTO_WINDOW_MIN_US
-        || (z->cw_completed < AT_LIMIT_MIN_SAMPLES && len < AT_AUTO_WINDOW_MAX_US)) {
+        || (!at_limit_enough_samples(&z->ctl, z->cw_completed, z->cw_service_us,
+                                     z->cw_service_sq_us)
+            && len < AT_AUTO_WINDOW_MAX_US)) {
         return;
     }
     w.completed = z->cw_completed;
@@ -1001,10 +1018,8 @@ static void maybe_close_window(at_zone_t *z, apr_int64_t now)
         zlog(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
              "window with requests waiting)", z->name, z->limit, at_limit_value(&z->ctl),
              w.inflight, w.completed / w.secs, 100 * w.limited);
+        window_reset(z, now + settling_us(z, at_limit_value(&z->ctl)));
         z->limit = at_limit_value(&z->ctl);
-        /* Completions lag a change by about one service time: the next
-         * window starts once the new level is running. */
-        window_reset(z, now + (apr_int64_t)z->service_ewma_us);
     }
     else {
         window_reset(z, now);
@@ -1247,6 +1262,7 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         if (z->limit_auto && now >= z->cw_start_us) {
             z->cw_completed++;
             z->cw_service_us += (double)service;
+            z->cw_service_sq_us += (double)service * (double)service;
             if ((double)service > z->cw_service_max_us) {
                 z->cw_service_max_us = (double)service;
             }

@@ -26,11 +26,29 @@ typedef struct {
     double noise;   /* relative, uniform +- */
     double slowdown; /* extra factor on service time (a spike); 1 normally */
     unsigned seed;
+    double ceiling; /* sleep-bound with a CPU share: the most completions a
+                       second the machine can give (0: none) */
 } workload_t;
 
 static double jitter(workload_t *wl)
 {
     return 1 + wl->noise * (2.0 * rand_r(&wl->seed) / RAND_MAX - 1);
+}
+
+/* Sleep-bound with a CPU share (a CGI that waits but costs a fork): the
+ * throughput C / S0 bends smoothly into the ceiling instead of stopping
+ * dead, so each step up pays a little less than the one before. */
+static double knee(const workload_t *wl, double conc)
+{
+    if (wl->ceiling <= 0) {
+        return 1;
+    }
+    return pow(1 + pow(conc * 1e6 / (S0_US * wl->ceiling), 4), 0.25);
+}
+
+static double throughput(const workload_t *wl, double conc)
+{
+    return conc * 1e6 / (S0_US * knee(wl, conc));
 }
 
 static at_window_t simulate(workload_t *wl, apr_uint32_t limit)
@@ -42,6 +60,7 @@ static at_window_t simulate(workload_t *wl, apr_uint32_t limit)
     if (wl->cores > 0 && conc > wl->cores) {
         t *= conc / wl->cores;
     }
+    t *= knee(wl, conc);
     t *= jitter(wl);
     w.inflight = conc;
     w.service_us = t;
@@ -84,7 +103,7 @@ static void observe(at_limit_t *c, workload_t *wl, int windows, double *mean,
 
 static void check_settles_near_cores(double cores, apr_uint32_t start)
 {
-    workload_t wl = {cores, 1000, 0.03, 1, 7};
+    workload_t wl = {cores, 1000, 0.03, 1, 7, 0};
     at_limit_t c;
     double mean;
     apr_uint32_t lo, hi;
@@ -110,7 +129,7 @@ static void test_cpu_bound_settles_near_cores(void **state)
 
 static void test_sleep_bound_reaches_max(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 11};
+    workload_t wl = {0, 1000, 0.03, 1, 11, 0};
     at_limit_t c;
     int i;
     (void)state;
@@ -125,6 +144,29 @@ static void test_sleep_bound_reaches_max(void **state)
     assert_true(i <= 20);
 }
 
+/* S4's sleep-bound CGI: 16 at once give 0.45 x, 32 give 0.82 x and 64 the
+ * most a fixed limit up to 64 gives; 38 at once reach the ceiling's
+ * throughput. The limit must get at least 0.9 x what 64 would give. */
+static void test_knee_gets_most_throughput(void **state)
+{
+    workload_t wl = {0, 1000, 0.03, 1, 19, 760};
+    at_limit_t c;
+    double mean, got = 0;
+    apr_uint32_t lo, hi;
+    (void)state;
+
+    at_limit_init(&c, 4, 1, 64);
+    run(&c, &wl, 30);
+    for (int i = 0; i < 200; i++) {
+        got += throughput(&wl, at_limit_value(&c)) / 200;
+        run(&c, &wl, 1);
+    }
+    observe(&c, &wl, 200, &mean, &lo, &hi);
+    print_message("knee: mean limit %.1f (%u - %u), throughput %.2f x limit 64's\n", mean,
+                  lo, hi, got / throughput(&wl, 64));
+    assert_true(got >= 0.9 * throughput(&wl, 64));
+}
+
 /* Arrivals at 1.2 x what the service can take, for 10,000 windows. CPU-bound,
  * every window has requests waiting: the limit stays in its band, at the end
  * as at the start. Sleep-bound, the 24 requests the arrivals keep busy fit
@@ -132,8 +174,8 @@ static void test_sleep_bound_reaches_max(void **state)
  * on, although latency never rises. */
 static void test_no_creep_under_mild_overload(void **state)
 {
-    workload_t cpu = {4, 1000, 0.05, 1, 3};
-    workload_t flat = {0, 24, 0.05, 1, 4};
+    workload_t cpu = {4, 1000, 0.05, 1, 3, 0};
+    workload_t flat = {0, 24, 0.05, 1, 4, 0};
     at_limit_t c;
     double mean_first, mean_last;
     apr_uint32_t lo, hi, lo2, hi2;
@@ -162,7 +204,7 @@ static void test_no_creep_under_mild_overload(void **state)
  * it must not leave it stuck low. */
 static void test_recovers_after_spike(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 5};
+    workload_t wl = {0, 1000, 0.03, 1, 5, 0};
     at_limit_t c;
     apr_uint32_t during;
     int i;
@@ -191,7 +233,7 @@ static void test_recovers_after_spike(void **state)
  * moves the limit by at most one step. */
 static void test_one_outlier_one_step_at_most(void **state)
 {
-    workload_t wl = {8, 1000, 0.0, 1, 9};
+    workload_t wl = {8, 1000, 0.0, 1, 9, 0};
     at_limit_t c;
     at_window_t w;
     apr_uint32_t before, after;
@@ -213,7 +255,7 @@ static void test_one_outlier_one_step_at_most(void **state)
 /* Windows where demand stays below the limit never raise it. */
 static void test_light_load_never_raises(void **state)
 {
-    workload_t wl = {0, 3, 0.03, 1, 13};
+    workload_t wl = {0, 3, 0.03, 1, 13, 0};
     at_limit_t c;
     (void)state;
 
@@ -228,7 +270,7 @@ static void test_light_load_never_raises(void **state)
  * windows). */
 static void test_follows_a_switch(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 17};
+    workload_t wl = {0, 1000, 0.03, 1, 17, 0};
     at_limit_t c;
     int down, up;
     (void)state;
@@ -251,16 +293,145 @@ static void test_follows_a_switch(void **state)
     assert_true(up <= 8);
 }
 
+/* Over 20 runs (seeds) of `cores` cores at 50 ms from limit `start`, long
+ * enough to settle, then sleep-bound work `slowdown` times as long: the
+ * most windows any run took to reach 64. */
+static int worst_climb_after_computing(double cores, apr_uint32_t start, double slowdown)
+{
+    int worst = 0;
+
+    for (unsigned seed = 1; seed <= 20; seed++) {
+        workload_t wl = {cores, 1000, 0.03, 1, seed, 0};
+        at_limit_t c;
+        int up;
+
+        at_limit_init(&c, start, 1, 64);
+        run(&c, &wl, 40 + seed % 4);
+        wl.cores = 0;
+        wl.slowdown = slowdown;
+        for (up = 0; up < 100 && at_limit_value(&c) < 64; up++) {
+            run(&c, &wl, 1);
+        }
+        worst = up > worst ? up : worst;
+    }
+    return worst;
+}
+
+/* Settled at min on one core, the limit must not spend a hold on a probe
+ * down that cannot move it: when the work turns to waiting, it climbs at
+ * the first probe. */
+static void test_climbs_from_min(void **state)
+{
+    int worst = worst_climb_after_computing(1, 1, 1);
+    (void)state;
+
+    print_message("from min: 64 after at most %d windows\n", worst);
+    assert_true(worst <= 11);
+}
+
+/* From a CPU-bound service of 50 ms on 2 cores to one that sleeps 200 ms
+ * (S4's switch): the service time at the settled level quadruples, which
+ * ends any hold at once. */
+static void test_changed_work_ends_the_hold(void **state)
+{
+    int worst = worst_climb_after_computing(2, 4, 4);
+    (void)state;
+
+    print_message("CPU to sleep: 64 after at most %d windows\n", worst);
+    assert_true(worst <= 10);
+}
+
+/* The work turns CPU-bound while a step down is under test: the step
+ * looks as if it cost throughput, but it must not be undone. */
+static void test_switch_during_a_step_down(void **state)
+{
+    int worst = 0;
+    (void)state;
+
+    for (unsigned seed = 1; seed <= 20; seed++) {
+        workload_t wl = {0, 1000, 0.03, 1, seed, 760};
+        at_limit_t c;
+        int down, i;
+
+        at_limit_init(&c, 4, 1, 64);
+        run(&c, &wl, 30);
+        for (i = 0; i < 200 && c.dir >= 0; i++) {
+            run(&c, &wl, 1);
+        }
+        assert_true(c.dir < 0);
+        wl.ceiling = 0;
+        wl.cores = 2;
+        for (down = 0; down < 100 && at_limit_value(&c) > 3; down++) {
+            run(&c, &wl, 1);
+        }
+        worst = down > worst ? down : worst;
+    }
+    print_message("switch during a step down: <= 3 after at most %d windows\n", worst);
+    assert_true(worst <= 4);
+}
+
+static void add_samples(apr_uint32_t *n, double *sum, double *sq, double us, int times)
+{
+    for (int i = 0; i < times; i++) {
+        *n += 1;
+        *sum += us;
+        *sq += us * us;
+    }
+}
+
+/* Steady service times need 6 completions to judge a window, scattered ones
+ * up to 20: the mean of 6 times spread 150 - 250 ms is not known to 2 %.
+ * At a limit of 1, whose smallest step doubles it, 10 % is enough. */
+static void test_enough_samples(void **state)
+{
+    apr_uint32_t n = 0;
+    double sum = 0, sq = 0;
+    at_limit_t c, one;
+    (void)state;
+
+    at_limit_init(&c, 8, 1, 64);
+    at_limit_init(&one, 1, 1, 64);
+    add_samples(&n, &sum, &sq, 200000, 5);
+    assert_false(at_limit_enough_samples(&c, n, sum, sq));
+    add_samples(&n, &sum, &sq, 200000, 1);
+    assert_true(at_limit_enough_samples(&c, n, sum, sq));
+
+    n = 0, sum = sq = 0;
+    add_samples(&n, &sum, &sq, 201000, 3);
+    add_samples(&n, &sum, &sq, 199000, 3);
+    assert_true(at_limit_enough_samples(&c, n, sum, sq)); /* 0.2 % apart */
+
+    n = 0, sum = sq = 0;
+    add_samples(&n, &sum, &sq, 180000, 3);
+    add_samples(&n, &sum, &sq, 220000, 3);
+    assert_false(at_limit_enough_samples(&c, n, sum, sq));
+    assert_true(at_limit_enough_samples(&one, n, sum, sq));
+
+    n = 0, sum = sq = 0;
+    add_samples(&n, &sum, &sq, 150000, 10);
+    add_samples(&n, &sum, &sq, 250000, 9);
+    assert_false(at_limit_enough_samples(&c, n, sum, sq));
+    add_samples(&n, &sum, &sq, 150000, 1);
+    assert_true(at_limit_enough_samples(&c, n, sum, sq));
+
+    assert_false(at_limit_enough_samples(&one, 0, 0, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_bound_settles_near_cores),
         cmocka_unit_test(test_sleep_bound_reaches_max),
+        cmocka_unit_test(test_knee_gets_most_throughput),
         cmocka_unit_test(test_no_creep_under_mild_overload),
         cmocka_unit_test(test_recovers_after_spike),
         cmocka_unit_test(test_one_outlier_one_step_at_most),
         cmocka_unit_test(test_light_load_never_raises),
         cmocka_unit_test(test_follows_a_switch),
+        cmocka_unit_test(test_climbs_from_min),
+        cmocka_unit_test(test_changed_work_ends_the_hold),
+        cmocka_unit_test(test_switch_during_a_step_down),
+        cmocka_unit_test(test_enough_samples),
     };
 
     return cmocka_run_group_tests_name("limit", tests, NULL, NULL);
