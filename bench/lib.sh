@@ -33,7 +33,7 @@ bench_start() {
         echo "PidFile httpd.pid"
         echo "ErrorLog error_log"
         echo "DefaultRuntimeDir \"$bench_dir\""
-        echo "LogLevel warn"
+        echo "LogLevel ${BENCH_LOGLEVEL:-warn}"
         echo "User nobody"
         echo "Group nogroup"
         echo "LoadModule mpm_${mpm}_module $moddir/mod_mpm_${mpm}.so"

@@ -26,6 +26,8 @@ typedef struct {
     apr_uint32_t completed; /* requests that gave their slot back */
     double service_us;      /* their mean service time (slot held), without
                                the slowest one */
+    double service_rse;     /* the relative standard error of that mean, from
+                               all of them (0: unknown) */
     double inflight;        /* time-weighted mean of requests running */
     double limited;         /* share of the window (0 - 1) with requests waiting */
     double secs;            /* length of the window */
@@ -39,7 +41,10 @@ typedef struct {
     apr_uint32_t hold;     /* windows left before the next probe */
     int next_probe;        /* direction of the next probe */
     double settled;        /* the level to go back to after a failed probe */
-    double last_x, last_c; /* throughput and concurrency of the previous window */
+    double last_x, last_c; /* throughput and concurrency a step is judged
+                              against: the windows pooled at the settled
+                              level, or the window before in a run of steps */
+    apr_uint32_t ref_n;    /* windows in last_x, last_c */
     double baseline_us;    /* service time at the settled level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */

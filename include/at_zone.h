@@ -82,6 +82,10 @@ typedef struct {
 typedef int (*at_abort_fn)(void *ctx);
 
 /* Called for rare events (reclaims, lock repair); level as syslog. */
+/* level: syslog's LOG_ERR ... LOG_DEBUG, which httpd's APLOG_ levels
+ * share, or AT_LOG_TRACE1 (httpd's APLOG_TRACE1) for a line per window of
+ * limit=auto. */
+#define AT_LOG_TRACE1 8
 typedef void (*at_log_fn)(int level, const char *msg);
 void at_set_logger(at_log_fn fn);
 
@@ -89,9 +93,13 @@ void at_set_logger(at_log_fn fn);
  * how often a zone checks its owners for dead processes. */
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
-/* limit=auto judges windows of at least this long, with enough requests
- * (at_limit_enough_samples) or else at most this long. */
+/* limit=auto judges windows of at least this long, and at least
+ * AT_AUTO_WINDOW_SERVICES service times up to AT_AUTO_WINDOW_LONG_US, with
+ * enough requests (at_limit_enough_samples) or else at most
+ * AT_AUTO_WINDOW_MAX_US. */
 #define AT_AUTO_WINDOW_MIN_US 250000
+#define AT_AUTO_WINDOW_SERVICES 2
+#define AT_AUTO_WINDOW_LONG_US 1000000
 #define AT_AUTO_WINDOW_MAX_US 10000000
 /* mem=: how old the reading of available memory may get while there is
  * room, and while memory holds requests back. */

@@ -15,9 +15,13 @@
 
 /* A step is worth it when at least this share of the relative change in
  * concurrency shows as a relative change in throughput. */
-#define WORTH 0.3
+#define WORTH 0.2
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
+/* Windows at the settled level pooled into the reference a probe is judged
+ * against: one window alone is as noisy as the window under test, which
+ * doubles the noise of the comparison; four cut it by a third. */
+#define REF_WINDOWS 4
 
 static double clamp(const at_limit_t *c, double v)
 {
@@ -40,11 +44,8 @@ apr_uint32_t at_limit_value(const at_limit_t *c)
     return (apr_uint32_t)floor(clamp(c, c->limit) + 0.5);
 }
 
-/* 20 %, then doubling with each step in a row up to 80 %, and at least 1,
- * so that the number of requests running really changes. */
-static void take_step(at_limit_t *c, int dir)
+static void step_by(at_limit_t *c, int dir, double frac)
 {
-    double frac = 0.2 * (double)(1u << (c->run < 2 ? c->run : 2));
     double delta = c->limit * frac;
 
     if (delta < 1) {
@@ -53,6 +54,13 @@ static void take_step(at_limit_t *c, int dir)
     c->limit = clamp(c, c->limit + dir * delta);
     c->dir = dir;
     c->run++;
+}
+
+/* 20 %, then doubling with each step in a row up to 80 %, and at least 1,
+ * so that the number of requests running really changes. */
+static void take_step(at_limit_t *c, int dir)
+{
+    step_by(c, dir, 0.2 * (double)(1u << (c->run < 2 ? c->run : 2)));
 }
 
 /* The step did not pay: back to the last good level, stay there a while,
@@ -99,6 +107,33 @@ static int work_changed_under_step(const at_limit_t *c, double x, double conc)
            || 1.5 * now < before * (ratio < 1 ? ratio : 1);
 }
 
+/* The reference for the next step: this window alone. */
+static void reference_is(at_limit_t *c, double x, double conc)
+{
+    c->last_x = x;
+    c->last_c = conc;
+    c->ref_n = 1;
+}
+
+/* Another window at the settled level: pooled with the ones before, the
+ * oldest weighing less once REF_WINDOWS are in; or, if it differs from
+ * them by more than three of its own standard errors (2 % at least), the
+ * start of a new pool: the work is drifting (while it turns from waiting
+ * to computing, say), and the old windows would make a step down look as
+ * if it cost throughput for many windows. */
+static void pool_reference(at_limit_t *c, double x, double conc, double rse)
+{
+    double n = c->last_x > 0 ? c->ref_n : 0;
+
+    if (n > 0 && fabs(x / c->last_x - 1) > 3 * (rse > 0.02 ? rse : 0.02)) {
+        n = 0;
+    }
+
+    c->last_x = (c->last_x * n + x) / (n + 1);
+    c->last_c = (c->last_c * n + conc) / (n + 1);
+    c->ref_n = n + 1 < REF_WINDOWS ? (apr_uint32_t)n + 1 : REF_WINDOWS;
+}
+
 /* A probe from the settled level; one into a bound would change nothing
  * and waste the hold after it. */
 static void probe(at_limit_t *c, int dir)
@@ -113,53 +148,113 @@ static void probe(at_limit_t *c, int dir)
     take_step(c, dir);
 }
 
+/* Each request now takes r times as long at the same level: if it is the
+ * bottleneck's work that grew, about 1 / r of the level keeps it as busy,
+ * so the first step down sheds 1 - 1/r of the limit (20 - 80 %) instead of
+ * 20 %. r is taken at the low end of what the window can tell (two
+ * standard errors), so that one huge request among few counts for little. */
+static double share_to_shed(double before_us, double service_us, double rse)
+{
+    double r = service_us / before_us * (1 - 2 * rse);
+    double share = r > 1 ? 1 - 1 / r : 0;
+
+    return share < 0.2 ? 0.2 : share > 0.8 ? 0.8 : share;
+}
+
+/* The step down after the work grew is kept without being judged: the
+ * window it would be judged against caught the change half done (its
+ * requests started while lighter ones ran, so by Little's law it shows
+ * more throughput than the level gives), and against it any step down
+ * looks as if it cost throughput. The next window at the new level is the
+ * reference for a probe further down, at once. */
+static void shed(at_limit_t *c, double share)
+{
+    step_by(c, -1, share);
+    c->settled = c->limit;
+    c->dir = 0;
+    c->run = 0;
+    c->last_x = 0;
+    c->baseline_us = 0;
+    c->next_probe = -1;
+}
+
 /* The work changed (a handler turned from waiting to computing, or
  * another program took the cores): what the level was judged by no longer
  * holds, so look again at once rather than after a hold, which at a long
  * service time is seconds. Down first if each request now takes longer: if
  * the work now waits instead, a step down that costs throughput turns the
  * search up in the next window. */
-static void look_again(at_limit_t *c, double before_us, double service_us)
+static void look_again(at_limit_t *c, double before_us, const at_window_t *w, double x,
+                       double conc)
 {
-    c->settled = c->limit;
-    c->baseline_us = service_us;
     c->hold = 0;
-    probe(c, service_us > before_us ? -1 : +1);
+    c->run = 0;
+    if (w->service_us > before_us && c->limit > c->min) {
+        shed(c, share_to_shed(before_us, w->service_us, w->service_rse));
+        return;
+    }
+    reference_is(c, x, conc);
+    c->settled = c->limit;
+    c->baseline_us = w->service_us;
+    probe(c, +1);
 }
 
-static void judge_step(at_limit_t *c, double x, double conc, double service_us)
+/* Across a step down, work that waits keeps its service time, work that
+ * computes shortens it in proportion: nearer the first, fewer running
+ * lose throughput because the work waits, and more may pay. */
+static int looks_waiting(const at_limit_t *c, double x, double conc)
 {
-    int paid, was_down = c->dir < 0;
+    double before = c->last_c / c->last_x, now = conc / x;
+
+    return now > before * (1 + conc / c->last_c) / 2;
+}
+
+static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
+{
+    int paid, waiting, was_down = c->dir < 0;
 
     if (work_changed_under_step(c, x, conc)) {
         /* The window before the step measured other work: it cannot judge
          * the step. */
-        look_again(c, c->last_c / c->last_x * 1e6, service_us);
+        look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
         return;
     }
     paid = step_paid(c, x, conc);
+    waiting = looks_waiting(c, x, conc);
     if (paid == 1) {
+        /* The new level's own service time: a climb from 3 to 64 takes
+         * the service time of a CGI that waits from 200 to 400 ms, which
+         * against the old level's would look like changed work. */
         c->settled = c->limit;
+        c->baseline_us = w->service_us;
+        reference_is(c, x, conc);
         take_step(c, c->dir);
         return;
     }
+    /* Back to the settled level, whose reference still holds. */
     settle(c);
-    if (paid == 0 && was_down && c->settled < c->max) {
-        /* Throughput fell with concurrency: the work waits rather than
-         * computes, and more of it may pay. Look above at once, instead of
+    if (paid == 0 && was_down && c->settled < c->max && waiting) {
+        /* Throughput fell with concurrency and the work waits rather than
+         * computes: more of it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
-         * what gets the limit climbing within seconds. */
+         * what gets the limit climbing within seconds. While work turns
+         * to computing, throughput also seems to fall with a step down
+         * (each window's requests are heavier than the last's), but the
+         * service time shortens with the step: no reason to climb. */
         c->hold = 0;
         c->next_probe = +1;
     }
 }
 
-static void hold_or_probe(at_limit_t *c, double service_us)
+static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
+    double service_us = w->service_us;
+
     if (service_changed(c->baseline_us, service_us)) {
-        look_again(c, c->baseline_us, service_us);
+        look_again(c, c->baseline_us, w, x, conc);
         return;
     }
+    pool_reference(c, x, conc, w->service_rse);
     c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
                                          : service_us;
     if (c->hold > 0) {
@@ -215,14 +310,10 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
         c->last_x = 0;
     }
     else if (c->dir && c->last_x > 0) {
-        judge_step(c, x, conc, w->service_us);
+        judge_step(c, x, conc, w);
     }
     else {
-        hold_or_probe(c, w->service_us);
-    }
-    if (w->limited >= 0.5) {
-        c->last_x = x;
-        c->last_c = conc;
+        hold_or_probe(c, x, conc, w);
     }
     if (at_limit_value(c) != before) {
         c->changes++;

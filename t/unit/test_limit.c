@@ -71,6 +71,9 @@ static at_window_t simulate(workload_t *wl, apr_uint32_t limit)
     }
     w.completed = (apr_uint32_t)ceil(conc * w.secs * 1e6 / t * jitter(wl));
     w.limited = wl->demand > limit ? 1.0 : 0.0;
+    /* The sim's noise is the window mean's own: uniform, so its standard
+     * deviation is noise / sqrt(3). */
+    w.service_rse = wl->noise / sqrt(3);
     return w;
 }
 
@@ -243,7 +246,17 @@ static void test_one_outlier_one_step_at_most(void **state)
     run(&c, &wl, 100);
     before = at_limit_value(&c);
     w = simulate(&wl, before);
-    w.service_us = (w.service_us * (w.completed - 1) + 100 * S0_US) / w.completed;
+    {
+        /* All the window's requests with the slow one: the controller is
+         * told the mean without it, but the spread with it. */
+        double n = w.completed, t = w.service_us, slow = 100 * S0_US;
+        double mean = (t * (n - 1) + slow) / n;
+        double var = ((n - 1) * (t - mean) * (t - mean) + (slow - mean) * (slow - mean))
+                     / (n - 1);
+
+        w.service_us = mean;
+        w.service_rse = sqrt(var / n) / mean;
+    }
     w.completed -= 1; /* the slow one took a slot for a long time */
     at_limit_update(&c, &w);
     after = at_limit_value(&c);
@@ -370,6 +383,73 @@ static void test_switch_during_a_step_down(void **state)
     assert_true(worst <= 4);
 }
 
+/* A window of a load turning from waiting to computing on wl->ceiling
+ * cores: a share `mix` of the requests running compute, the rest wait
+ * S0_US. The requests that end in the window ran while the window before
+ * it held the level `before`: while the work changes, service times grow
+ * longer than a window and the settling after a step (a service time as
+ * it was before) falls short. */
+static at_window_t simulate_mix(workload_t *wl, apr_uint32_t limit, apr_uint32_t before,
+                                double mix)
+{
+    at_window_t w = simulate(wl, limit); /* sleep-bound: wl->cores is 0 */
+    double computing = mix * before;
+    double t_cpu = S0_US * (computing > wl->ceiling ? computing / wl->ceiling : 1);
+
+    w.service_us = (mix * t_cpu + (1 - mix) * S0_US) * jitter(wl);
+    w.completed = (apr_uint32_t)ceil(w.inflight * w.secs * 1e6 / w.service_us);
+    if (w.completed < AT_LIMIT_MIN_SAMPLES) {
+        w.secs *= (double)AT_LIMIT_MIN_SAMPLES / w.completed;
+        w.completed = AT_LIMIT_MIN_SAMPLES;
+    }
+    return w;
+}
+
+/* S4's switch back to computing: at 64, the requests of the new work
+ * replace the waiting ones over 4 windows, and for 6 windows each shows
+ * the level before it, so any step down seems to cost throughput. The
+ * limit must still come down to the 2 cores and stay there, not climb
+ * back because a step down looked bad (it stayed at 44 - 64 for 30 s in
+ * S4 when it judged the first step down against a window of the change). */
+static void test_follows_work_turning_heavier_gradually(void **state)
+{
+    int worst_down = 0;
+    double worst_mean = 0;
+    (void)state;
+
+    for (unsigned seed = 1; seed <= 20; seed++) {
+        workload_t wl = {0, 1000, 0.03, 1, seed, 0};
+        at_limit_t c;
+        int down = -1;
+        double sum = 0;
+
+        at_limit_init(&c, 4, 1, 64);
+        run(&c, &wl, 40);
+        assert_int_equal(at_limit_value(&c), 64);
+        wl.ceiling = 2; /* cores, for simulate_mix */
+        for (apr_uint32_t i = 0, before = 64; i < 40; i++) {
+            double mix = i < 4 ? (i + 1) / 4.0 : 1;
+            at_window_t w = simulate_mix(&wl, at_limit_value(&c),
+                                         i < 6 ? before : at_limit_value(&c), mix);
+
+            before = at_limit_value(&c);
+            at_limit_update(&c, &w);
+            if (down < 0 && at_limit_value(&c) <= 4) {
+                down = i + 1;
+            }
+            if (i >= 20) {
+                sum += at_limit_value(&c);
+            }
+        }
+        worst_down = down < 0 ? 99 : down > worst_down ? down : worst_down;
+        worst_mean = sum / 20 > worst_mean ? sum / 20 : worst_mean;
+    }
+    print_message("work turning heavier over 4 windows: <= 4 after at most %d windows, "
+                  "then a mean of at most %.2f\n", worst_down, worst_mean);
+    assert_true(worst_down <= 16);
+    assert_true(worst_mean <= 3);
+}
+
 static void add_samples(apr_uint32_t *n, double *sum, double *sq, double us, int times)
 {
     for (int i = 0; i < times; i++) {
@@ -431,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_climbs_from_min),
         cmocka_unit_test(test_changed_work_ends_the_hold),
         cmocka_unit_test(test_switch_during_a_step_down),
+        cmocka_unit_test(test_follows_work_turning_heavier_gradually),
         cmocka_unit_test(test_enough_samples),
     };
 

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -522,6 +523,55 @@ static void test_auto_limit_climbs_for_waiting_work(void **state)
     zone_free(z);
 }
 
+/* The trace1 lines of the windows limit=auto judged: their length and
+ * mean service time. */
+enum { MAX_WINDOWS = 64 };
+static double window_secs[MAX_WINDOWS], window_service_ms[MAX_WINDOWS];
+static int windows_seen;
+
+static void capture_windows(int level, const char *msg)
+{
+    const char *p = strstr(msg, "window of ");
+    const char *svc = strstr(msg, "service ");
+
+    if (level == AT_LOG_TRACE1 && p && svc && windows_seen < MAX_WINDOWS) {
+        window_secs[windows_seen] = atof(p + strlen("window of "));
+        window_service_ms[windows_seen] = atof(svc + strlen("service "));
+        windows_seen++;
+    }
+}
+
+/* Twelve requests of 300 ms side by side, held at 12: six completions of
+ * the same length would be enough to judge, and the first wave brings
+ * twelve, but each window lasts at least two service times, so that it
+ * does not catch one wave of them. */
+static void test_auto_windows_span_two_services(void **state)
+{
+    enum { THREADS = 16 };
+    at_zone_t *z = zone_auto(12, 12, 12, 10000 * MS);
+    pthread_t th[THREADS];
+    apr_int64_t now = at_now_us();
+    hammer_t h = {z, now + 3000 * MS, 300 * MS, 0, 0, now, 0};
+    (void)state;
+
+    windows_seen = 0;
+    at_set_logger(capture_windows);
+    for (int i = 0; i < THREADS; i++) {
+        pthread_create(&th[i], NULL, hammer, &h);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+    }
+    at_set_logger(NULL);
+    print_message("windows judged: %d\n", windows_seen);
+    assert_true(windows_seen >= 2);
+    for (int i = 0; i < windows_seen; i++) {
+        print_message("  %.2f s, service %.1f ms\n", window_secs[i], window_service_ms[i]);
+        assert_true(window_secs[i] >= 1.9 * window_service_ms[i] / 1000);
+    }
+    zone_free(z);
+}
+
 /* limit=auto: a newcomer whose estimated wait (place in the queue x recent
  * service time / limit) passes the timeout is refused at once. */
 static void test_predicted_wait_refused_at_once(void **state)
@@ -566,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_dry_run_never_refuses),
         cmocka_unit_test(test_latency_histograms),
         cmocka_unit_test(test_auto_limit_climbs_for_waiting_work),
+        cmocka_unit_test(test_auto_windows_span_two_services),
         cmocka_unit_test(test_predicted_wait_refused_at_once),
     };
 
