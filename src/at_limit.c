@@ -16,6 +16,11 @@
 /* A step is worth it when at least this share of the relative change in
  * concurrency shows as a relative change in throughput. */
 #define WORTH 0.2
+/* Standard errors of the comparison a throughput change must exceed to
+ * count: the window's own and the reference's, taken as just as noisy per
+ * window. 1.5 cost the simulated knee a tenth of its throughput; 1 costs
+ * it 4 % and already stops the creep (t/unit/test_limit.c). */
+#define NOISE_SES 1.0
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
 /* Windows at the settled level pooled into the reference a probe is judged
@@ -74,18 +79,25 @@ static void settle(at_limit_t *c)
     c->hold = AT_LIMIT_HOLD;
 }
 
-/* Whether the step under test paid: up, throughput rose with concurrency;
- * down, throughput did not fall with it. -1: cannot tell. */
-static int step_paid(const at_limit_t *c, double x, double conc)
+/* Whether the step under test paid: up, throughput rose with concurrency
+ * by more than the noise of the comparison; down, it did not fall with it
+ * by more than that noise. The doubt goes to the lower limit both ways: a
+ * window of CPU-bound work is known to 4 - 7 %, and judged without that,
+ * chance let the limit of a CPU-bound zone creep to several times the
+ * cores in one simulated run in six.
+ * -1: cannot tell. */
+static int step_paid(const at_limit_t *c, double x, double conc, double rse)
 {
     double rel_c = conc / c->last_c - 1, rel_x = x / c->last_x - 1;
-    double gain;
+    double noise = NOISE_SES * rse * sqrt(1 + 1.0 / (c->ref_n ? c->ref_n : 1));
 
     if (fabs(rel_c) < MIN_REL_CHANGE || (rel_c > 0) != (c->dir > 0)) {
         return -1;
     }
-    gain = rel_x / rel_c;
-    return c->dir > 0 ? gain >= WORTH : gain < WORTH;
+    if (c->dir > 0) {
+        return rel_x - noise >= WORTH * rel_c;
+    }
+    return rel_x + noise > WORTH * rel_c;
 }
 
 /* At the same level, a service time half as long again or two thirds as
@@ -219,7 +231,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
         return;
     }
-    paid = step_paid(c, x, conc);
+    paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
     if (paid == 1) {
         /* The new level's own service time: a climb from 3 to 64 takes

@@ -8,6 +8,7 @@ use Exporter 'import';
 use IO::Socket::INET;
 use Storable qw(store retrieve);
 use File::Temp qw(tempdir);
+use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
 use Apache::Test;
 use Apache::TestRequest;
@@ -138,7 +139,9 @@ sub server_pid {
 # every status seen (0 for a failed connection).
 sub load_loop {
     my ($path, $clients, $secs) = @_;
-    $bg_dir //= tempdir(CLEANUP => 1);
+    # Removed here, not at exit: a caller may run this in a child that
+    # leaves by POSIX::_exit, which skips File::Temp's cleanup.
+    my $dir = tempdir();
     my @pids;
     for my $c (1 .. $clients) {
         my $pid = fork // die "fork: $!";
@@ -149,7 +152,7 @@ sub load_loop {
                 my $r = eval { http_get($path) } || { status => 0 };
                 push @st, $r->{status};
             }
-            store(\@st, "$bg_dir/$$");
+            store(\@st, "$dir/$$");
             require POSIX;
             POSIX::_exit(0);
         }
@@ -158,8 +161,9 @@ sub load_loop {
     my @all;
     for (@pids) {
         waitpid($_, 0);
-        push @all, @{ retrieve("$bg_dir/$_") };
+        push @all, @{ retrieve("$dir/$_") };
     }
+    remove_tree($dir);
     return @all;
 }
 
