@@ -126,10 +126,7 @@ my $sampler = spawn('samples', sub {
 });
 
 # Ten graceful restarts, 2 s apart; after the fifth the hot zone grows to 3.
-sub probe_max {
-    open(my $fh, '<', "$probe/hot.count") or return 0;
-    return (split ' ', (<$fh> // '0 0'))[1] // 0;
-}
+sub probe_max { (probe_count_in($probe, 'hot'))[1] }
 
 my ($calm_blocked, $max_before);
 for my $n (1 .. 10) {

@@ -10,10 +10,11 @@ use Storable qw(store retrieve);
 use File::Temp qw(tempdir);
 use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
+use Fcntl qw(:flock);
 use Apache::Test;
 use Apache::TestRequest;
 
-our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count
+our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
                  probe_order probe_reset wait_until hostport server_pid
                  load_loop restarts_seen private_server children_of
                  open_request server_process_of);
@@ -102,13 +103,18 @@ sub probe_reset {
     unlink "$dir/$tag.count", "$dir/$tag.order";
 }
 
-# (running now, highest ever) as counted by the CGIs themselves.
-sub probe_count {
-    my ($tag) = @_;
-    open(my $fh, '<', probe_dir() . "/$tag.count") or return (0, 0);
+# (running now, highest ever) as counted by the CGIs themselves, read under
+# the CGIs' own lock: a CGI truncates the file before it writes the new count,
+# and an unlocked reader caught between the two reads nothing (once in CI).
+sub probe_count_in {
+    my ($dir, $tag) = @_;
+    open(my $fh, '<', "$dir/$tag.count") or return (0, 0);
+    flock($fh, LOCK_SH) or die "flock $dir/$tag.count: $!";
     my ($cur, $max) = split ' ', (<$fh> // '0 0');
     return ($cur // 0, $max // 0);
 }
+
+sub probe_count { probe_count_in(probe_dir(), $_[0]) }
 
 # [id, cgi pid, httpd pid] per started CGI, in start order.
 sub probe_order {
