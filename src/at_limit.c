@@ -70,8 +70,9 @@ static void take_step(at_limit_t *c, int dir)
 
 /* The step did not pay: back to the last good level, stay there a while,
  * then try the other way. After steps that paid, the one that did not was
- * the largest (80 % of the limit): the best level lies between, so the
- * search goes on the same way at once, with the smallest step. Turning
+ * a larger one (40 or 80 % of the limit, the steps growing while they
+ * pay): the best level lies between, so the search goes on the same way
+ * at once, with the smallest step. Turning
  * round instead left a CPU-bound limit that came down 12 -> 9 -> 6 -> 1 at
  * 6, three times the cores, for 7 s of holds and a probe up. */
 static void settle(at_limit_t *c)
