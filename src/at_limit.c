@@ -72,9 +72,9 @@ static void take_step(at_limit_t *c, int dir)
  * then try the other way. After steps that paid, the one that did not was
  * a larger one (40 or 80 % of the limit, the steps growing while they
  * pay): the best level lies between, so the search goes on the same way
- * at once, with the smallest step. Turning
- * round instead left a CPU-bound limit that came down 12 -> 9 -> 6 -> 1 at
- * 6, three times the cores, for 7 s of holds and a probe up. */
+ * at once (probe_between). Turning round instead left a CPU-bound limit
+ * that came down 12 -> 9 -> 6 -> 1 at 6, three times the cores, for 7 s of
+ * holds and a probe up. */
 static void settle(at_limit_t *c)
 {
     int overshot = c->dir && c->run > 1;
@@ -84,6 +84,27 @@ static void settle(at_limit_t *c)
     c->dir = 0;
     c->run = 0;
     c->hold = overshot ? 0 : AT_LIMIT_HOLD;
+}
+
+/* Down, the level between is their geometric middle, tried at once and
+ * judged against the last good level's reference; a middle that pays is
+ * followed by the smallest step. S4's CPU-bound limit that came down
+ * 12 -> 7 -> 1 on 2 cores then spent 3 s at 7 -> 6 -> 4 -> 1 -> 4 before
+ * 3; now 7 -> 3. Up, and when rounding leaves no level between, the last
+ * good level runs a window and the smallest step follows: a second probe
+ * up is a second chance for noise to look like a gain (on 2 cores, 1 run
+ * in 300 then crept to 5). */
+static void probe_between(at_limit_t *c, double failed)
+{
+    double mid = sqrt(c->settled * failed);
+    double m = floor(mid + 0.5);
+
+    if (failed > c->settled || m == floor(c->settled + 0.5) || m == floor(failed + 0.5)) {
+        return;
+    }
+    c->dir = -1;
+    c->limit = mid;
+    c->run = 0;
 }
 
 /* Whether the step under test paid: up, throughput rose with concurrency
@@ -230,7 +251,8 @@ static int looks_waiting(const at_limit_t *c, double x, double conc)
 
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
-    int paid, waiting, was_down = c->dir < 0;
+    int paid, waiting, overshot, was_down = c->dir < 0;
+    double failed;
 
     if (work_changed_under_step(c, x, conc)) {
         /* The window before the step measured other work: it cannot judge
@@ -251,6 +273,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         return;
     }
     /* Back to the settled level, whose reference still holds. */
+    failed = c->limit;
+    overshot = c->run > 1;
     settle(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
         /* Throughput fell with concurrency and the work waits rather than
@@ -262,6 +286,9 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
          * service time shortens with the step: no reason to climb. */
         c->hold = 0;
         c->next_probe = +1;
+    }
+    else if (overshot) {
+        probe_between(c, failed);
     }
 }
 
