@@ -62,3 +62,10 @@ bench_stop() {
     kill -TERM "$pid"
     while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
 }
+
+# The CPU-burning CGI (bench/cpu-cgi.c), built and put in $out/cgi-bin.
+bench_cpu_cgi() {
+    gcc -O2 -Wall -Wextra -o "$out/cpu.cgi" bench/cpu-cgi.c
+    mkdir -p "$out/cgi-bin"; chmod 755 "$out" "$out/cgi-bin"
+    cp "$out/cpu.cgi" "$out/cgi-bin/cpu.cgi"; chmod 755 "$out/cgi-bin/cpu.cgi"
+}
