@@ -69,3 +69,25 @@ bench_cpu_cgi() {
     mkdir -p "$out/cgi-bin"; chmod 755 "$out" "$out/cgi-bin"
     cp "$out/cpu.cgi" "$out/cgi-bin/cpu.cgi"; chmod 755 "$out/cgi-bin/cpu.cgi"
 }
+
+# The event MPM as S2, S3 and S4 run it: room for every client, no
+# keep-alive (each request a new connection), mod_cgid's socket in the
+# server's own directory.
+bench_event_conf() {
+    echo "StartServers 2
+ServerLimit 8
+ThreadsPerChild 32
+MinSpareThreads 32
+MaxSpareThreads 256
+MaxRequestWorkers 256
+KeepAlive Off
+ScriptSock cgisock"
+}
+
+# /cgi-bin/ mapped to $out/cgi-bin (see bench_cpu_cgi).
+bench_cgi_dir() {
+    echo "ScriptAlias /cgi-bin/ \"$PWD/$out/cgi-bin/\"
+<Directory \"$PWD/$out/cgi-bin\">
+    Require all granted
+</Directory>"
+}

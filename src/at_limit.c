@@ -33,6 +33,12 @@ static double clamp(const at_limit_t *c, double v)
     return v < c->min ? c->min : v > c->max ? c->max : v;
 }
 
+/* The number of requests a level runs. */
+static double rounded(double v)
+{
+    return floor(v + 0.5);
+}
+
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
                    apr_uint32_t max)
 {
@@ -46,7 +52,7 @@ void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
 
 apr_uint32_t at_limit_value(const at_limit_t *c)
 {
-    return (apr_uint32_t)floor(clamp(c, c->limit) + 0.5);
+    return (apr_uint32_t)rounded(clamp(c, c->limit));
 }
 
 static void step_by(at_limit_t *c, int dir, double frac)
@@ -74,8 +80,8 @@ static void take_step(at_limit_t *c, int dir)
  * pay): the best level lies between, so the search goes on the same way
  * at once (probe_between). Turning round instead left a CPU-bound limit
  * that came down 12 -> 9 -> 6 -> 1 at 6, three times the cores, for 7 s of
- * holds and a probe up. */
-static void settle(at_limit_t *c)
+ * holds and a probe up. Returns whether the step overshot. */
+static int settle(at_limit_t *c)
 {
     int overshot = c->dir && c->run > 1;
 
@@ -84,6 +90,7 @@ static void settle(at_limit_t *c)
     c->dir = 0;
     c->run = 0;
     c->hold = overshot ? 0 : AT_LIMIT_HOLD;
+    return overshot;
 }
 
 /* Down, the level between is their geometric middle, tried at once and
@@ -97,9 +104,9 @@ static void settle(at_limit_t *c)
 static void probe_between(at_limit_t *c, double failed)
 {
     double mid = sqrt(c->settled * failed);
-    double m = floor(mid + 0.5);
+    double m = rounded(mid);
 
-    if (failed > c->settled || m == floor(c->settled + 0.5) || m == floor(failed + 0.5)) {
+    if (failed > c->settled || m == rounded(c->settled) || m == rounded(failed)) {
         return;
     }
     c->dir = -1;
@@ -274,8 +281,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     }
     /* Back to the settled level, whose reference still holds. */
     failed = c->limit;
-    overshot = c->run > 1;
-    settle(c);
+    overshot = settle(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
         /* Throughput fell with concurrency and the work waits rather than
          * computes: more of it may pay. Look above at once, instead of
