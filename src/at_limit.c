@@ -13,9 +13,20 @@
 #include <math.h>
 #include <string.h>
 
-/* A step is worth it when at least this share of the relative change in
- * concurrency shows as a relative change in throughput. */
-#define WORTH 0.2
+/* A step up is worth it when at least this share of the relative change
+ * in concurrency shows as a relative change in throughput. S4's sleep-bound
+ * CGI gives 0.87 x the throughput at 32 that it gives at 64, a share of
+ * 0.2 all the way: with 0.2 here, steps up that high passed as often as
+ * they failed and the limit stopped at 31 - 38 (0.87 - 0.90 x). */
+#define WORTH_UP 0.15
+/* A step down may cost throughput up to this share of the relative change
+ * in concurrency when windows are too noisy to tell finer (CPU-bound work
+ * at a few requests, known to 4 - 7 %: the doubt goes to the lower limit),
+ * and down to DOWN_LEAST when they are precise; in between, the noise of
+ * the comparison. With 0.2 for precise windows too, the limit walked down
+ * a flat top in steps that each lost a little: 64 -> 51 -> 31 in S4. */
+#define DOWN_MOST 0.2
+#define DOWN_LEAST 0.1
 /* Standard errors of the comparison a throughput change must exceed to
  * count: the window's own and the reference's, taken as just as noisy per
  * window. 1.5 cost the simulated knee a tenth of its throughput; 1 costs
@@ -114,6 +125,15 @@ static void probe_between(at_limit_t *c, double failed)
     c->run = 0;
 }
 
+/* How much throughput a step down of rel_c may cost, judged with this
+ * noise: see DOWN_MOST. */
+static double down_allowance(double rel_c, double noise)
+{
+    double most = DOWN_MOST * fabs(rel_c), least = DOWN_LEAST * fabs(rel_c);
+
+    return noise < least ? least : noise > most ? most : noise;
+}
+
 /* Whether the step under test paid: up, throughput rose with concurrency
  * by more than the noise of the comparison; down, it did not fall with it
  * by more than that noise. The doubt goes to the lower limit both ways: a
@@ -130,9 +150,9 @@ static int step_paid(const at_limit_t *c, double x, double conc, double rse)
         return -1;
     }
     if (c->dir > 0) {
-        return rel_x - noise >= WORTH * rel_c;
+        return rel_x - noise >= WORTH_UP * rel_c;
     }
-    return rel_x + noise > WORTH * rel_c;
+    return rel_x + noise > -down_allowance(rel_c, noise);
 }
 
 /* At the same level, a service time half as long again or two thirds as
@@ -167,18 +187,22 @@ static void reference_is(at_limit_t *c, double x, double conc)
  * them by more than three of its own standard errors (2 % at least), the
  * start of a new pool: the work is drifting (while it turns from waiting
  * to computing, say), and the old windows would make a step down look as
- * if it cost throughput for many windows. */
-static void pool_reference(at_limit_t *c, double x, double conc, double rse)
+ * if it cost throughput for many windows. Returns whether it started a
+ * new pool. */
+static int pool_reference(at_limit_t *c, double x, double conc, double rse)
 {
     double n = c->last_x > 0 ? c->ref_n : 0;
+    int restarted = 0;
 
     if (n > 0 && fabs(x / c->last_x - 1) > 3 * (rse > 0.02 ? rse : 0.02)) {
         n = 0;
+        restarted = 1;
     }
 
     c->last_x = (c->last_x * n + x) / (n + 1);
     c->last_c = (c->last_c * n + conc) / (n + 1);
     c->ref_n = n + 1 < REF_WINDOWS ? (apr_uint32_t)n + 1 : REF_WINDOWS;
+    return restarted;
 }
 
 /* A probe from the settled level; one into a bound would change nothing
@@ -306,7 +330,11 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
         look_again(c, c->baseline_us, w, x, conc);
         return;
     }
-    pool_reference(c, x, conc, w->service_rse);
+    if (pool_reference(c, x, conc, w->service_rse) && c->hold == 0) {
+        /* One window off the pool may be a dip, not a drift: a step down
+         * judged against a dip alone looks free. */
+        c->hold = 1;
+    }
     c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
                                          : service_us;
     if (c->hold > 0) {
