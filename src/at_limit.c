@@ -135,8 +135,8 @@ static double down_allowance(double rel_c, double noise)
 }
 
 /* Whether the step under test paid: up, throughput rose with concurrency
- * by more than the noise of the comparison; down, it did not fall with it
- * by more than that noise. The doubt goes to the lower limit both ways: a
+ * by more than WORTH_UP of it plus the noise of the comparison; down, it
+ * did not fall by more than down_allowance() plus that noise. The doubt goes to the lower limit both ways: a
  * window of CPU-bound work is known to 4 - 7 %, and judged without that,
  * chance let the limit of a CPU-bound zone creep to several times the
  * cores in one simulated run in six.
@@ -325,20 +325,22 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
 static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     double service_us = w->service_us;
+    int new_pool;
 
     if (service_changed(c->baseline_us, service_us)) {
         look_again(c, c->baseline_us, w, x, conc);
         return;
     }
-    if (pool_reference(c, x, conc, w->service_rse) && c->hold == 0) {
-        /* One window off the pool may be a dip, not a drift: a step down
-         * judged against a dip alone looks free. */
-        c->hold = 1;
-    }
+    new_pool = pool_reference(c, x, conc, w->service_rse);
     c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
                                          : service_us;
     if (c->hold > 0) {
         c->hold--;
+        return;
+    }
+    if (new_pool) {
+        /* One window off the pool may be a dip, not a drift: a step down
+         * judged against a dip alone looks free. */
         return;
     }
     probe(c, c->next_probe);
