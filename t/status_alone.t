@@ -23,7 +23,10 @@ my $log = $srv->{log}->();
 
 ok t_cmp($r->{raw}, qr{^HTTP/1\.\d 200}, 'status page answers without mod_status');
 ok t_cmp($r->{body}, qr{^Throttle\.alone\.Limit: 1\r?$}m, 'with the zone');
-ok t_cmp($log =~ /:(emerg|alert|crit|error)\]/ ? $log : '', '', 'no error in the log');
+my @errors = grep { /:(emerg|alert|crit|error)\]/ } split /\n/, $log;
+# t_cmp's own report shows only with -verbose; CI's summary keeps this.
+print STDERR "# status_alone.t: error in the log: $_\n" for @errors;
+ok t_cmp(scalar @errors, 0, 'no error in the log');
 ok t_cmp($log, qr/resuming normal operations/, 'the server ran');
 ok t_cmp(join('', grep { /adaptive_throttle/ } split /\n/, $log), '',
          'nothing from the module per request at the default LogLevel');
