@@ -32,6 +32,13 @@
  * window. 1.5 cost the simulated knee a tenth of its throughput; 1 costs
  * it 4 % and already stops the creep (t/unit/test_limit.c). */
 #define NOISE_SES 1.0
+/* A step up that paid less than this share of its change in concurrency
+ * as a change in throughput reached the knee: a long one (40 or 80 %) went
+ * past it, and the level between is tried next; after a short one the
+ * steps stop growing. In S4's switch the climb 17 -> 31 paid 0.75 of its
+ * step and 31 -> 57 paid 0.19; 42 - 45 gave what 57 and 64 gave, but the
+ * limit spent 8 s at 57 - 64 before a probe down found it. */
+#define KNEE_SHARE 0.5
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
 /* Windows at the settled level pooled into the reference a probe is judged
@@ -111,18 +118,30 @@ static int settle(at_limit_t *c)
  * 3; now 7 -> 3. Up, and when rounding leaves no level between, the last
  * good level runs a window and the smallest step follows: a second probe
  * up is a second chance for noise to look like a gain (on 2 cores, 1 run
- * in 300 then crept to 5). */
-static void probe_between(at_limit_t *c, double failed)
+ * in 300 then crept to 5). The same middle, below a long step up that
+ * reached the knee (KNEE_SHARE). Returns whether there is a level between
+ * the settled one and `other` to try. */
+static int probe_between(at_limit_t *c, double other)
 {
-    double mid = sqrt(c->settled * failed);
+    double mid = sqrt(c->settled * other);
     double m = rounded(mid);
 
-    if (failed > c->settled || m == rounded(c->settled) || m == rounded(failed)) {
-        return;
+    if (other > c->settled || m == rounded(c->settled) || m == rounded(other)) {
+        return 0;
     }
     c->dir = -1;
     c->limit = mid;
     c->run = 0;
+    return 1;
+}
+
+/* Whether the step up just judged paid so little of its change in
+ * concurrency that it reached the knee: KNEE_SHARE. */
+static int near_knee(const at_limit_t *c, double x, double conc)
+{
+    double rel_c = conc / c->last_c - 1;
+
+    return c->dir > 0 && rel_c > 0 && (x / c->last_x - 1) < KNEE_SHARE * rel_c;
 }
 
 /* How much throughput a step down of rel_c may cost, judged with this
@@ -136,10 +155,11 @@ static double down_allowance(double rel_c, double noise)
 
 /* Whether the step under test paid: up, throughput rose with concurrency
  * by more than WORTH_UP of it plus the noise of the comparison; down, it
- * did not fall by more than down_allowance() plus that noise. The doubt goes to the lower limit both ways: a
- * window of CPU-bound work is known to 4 - 7 %, and judged without that,
- * chance let the limit of a CPU-bound zone creep to several times the
- * cores in one simulated run in six.
+ * did not fall by more than down_allowance() plus that noise. The doubt
+ * goes to the lower limit both ways: a window of CPU-bound work is known
+ * to 4 - 7 %, and judged without that, chance let the limit of a
+ * CPU-bound zone creep to several times the cores in one simulated run in
+ * six.
  * -1: cannot tell. */
 static int step_paid(const at_limit_t *c, double x, double conc, double rse)
 {
@@ -294,12 +314,22 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
     if (paid == 1) {
+        double below = c->last_c;
+        int knee = near_knee(c, x, conc), long_step = c->run > 1;
+
         /* The new level's own service time: a climb from 3 to 64 takes
          * the service time of a CGI that waits from 200 to 400 ms, which
          * against the old level's would look like changed work. */
         c->settled = c->limit;
         c->baseline_us = w->service_us;
         reference_is(c, x, conc);
+        if (knee && long_step && probe_between(c, below)) {
+            return;
+        }
+        if (knee) {
+            /* Diminishing returns: the next step is the smallest. */
+            c->run = 0;
+        }
         take_step(c, c->dir);
         return;
     }

@@ -511,6 +511,58 @@ static void test_flat_top_keeps_the_climb(void **state)
     assert_true(sum >= 0.95);
 }
 
+/* S4's sleeping CGI as windows of limit=auto saw it during the switch
+ * (requests a second by Little's law at 1, 10, 17, 31, 42, 57 and 64 at
+ * once, between them a power law): it bends at about 40, and 42 - 64 give
+ * the same within 3 %. */
+static double s4_switch_throughput(double conc)
+{
+    static const double at[][2] = {{1, 5},    {10, 46},   {17, 79},  {31, 135},
+                                   {42, 146}, {57, 148},  {64, 150}};
+    int i;
+
+    for (i = 0; i < 6 && conc > at[i + 1][0]; i++) {
+    }
+    if (i == 6) {
+        return at[6][1];
+    }
+    return at[i][1] * pow(at[i + 1][1] / at[i][1],
+                          log(conc / at[i][0]) / log(at[i + 1][0] / at[i][0]));
+}
+
+/* A long step up that paid less than half its change in concurrency went
+ * past the knee: the level between is tried next instead of a step
+ * further up. Climbing that curve from 2, the limit never leaves the band
+ * of +-25 % around where it ends, once there (S4's criterion for settled);
+ * without the rule, the climb 24 -> 44 went on to 64 and spent two
+ * windows above 55. */
+static void test_climb_stops_near_the_knee(void **state)
+{
+    at_limit_t c;
+    apr_uint32_t hi = 0, last;
+    int i, first_above_20 = -1;
+    (void)state;
+
+    at_limit_init(&c, 2, 1, 64);
+    for (i = 0; i < 30; i++) {
+        apr_uint32_t v = at_limit_value(&c);
+        at_window_t w = {60, v / s4_switch_throughput(v) * 1e6, 0.01, v, 1, 1};
+
+        if (v > 20 && first_above_20 < 0) {
+            first_above_20 = i;
+        }
+        if (first_above_20 >= 0 && i > first_above_20) {
+            hi = v > hi ? v : hi;
+        }
+        at_limit_update(&c, &w);
+    }
+    last = at_limit_value(&c);
+    print_message("S4's switch curve from 2: ends at %u, at most %u after the climb\n",
+                  last, hi);
+    assert_true(last >= 36 && last <= 50);
+    assert_true(hi <= 1.25 * last);
+}
+
 /* At a settled level whose hold is over, one window 12 % below the pooled
  * ones (a dip, not a change of work: the service time moved by less than
  * half again) puts off the probe: judged against the dip alone, a step
@@ -677,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_follows_work_turning_heavier_gradually),
         cmocka_unit_test(test_flat_top_keeps_the_climb),
         cmocka_unit_test(test_a_dip_puts_off_the_probe),
+        cmocka_unit_test(test_climb_stops_near_the_knee),
         cmocka_unit_test(test_enough_samples),
     };
 
