@@ -92,6 +92,13 @@ static void take_step(at_limit_t *c, int dir)
     step_by(c, dir, 0.2 * (double)(1u << (c->run < 2 ? c->run : 2)));
 }
 
+/* Whether the step under test was one of 40 or 80 %: steps grew to it
+ * because the ones before paid. */
+static int step_was_long(const at_limit_t *c)
+{
+    return c->run > 1;
+}
+
 /* The step did not pay: back to the last good level, stay there a while,
  * then try the other way. After steps that paid, the one that did not was
  * a larger one (40 or 80 % of the limit, the steps growing while they
@@ -101,7 +108,7 @@ static void take_step(at_limit_t *c, int dir)
  * holds and a probe up. Returns whether the step overshot. */
 static int settle(at_limit_t *c)
 {
-    int overshot = c->dir && c->run > 1;
+    int overshot = c->dir && step_was_long(c);
 
     c->next_probe = overshot ? c->dir : c->dir ? -c->dir : -c->next_probe;
     c->limit = c->settled;
@@ -315,7 +322,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     waiting = looks_waiting(c, x, conc);
     if (paid == 1) {
         double below = c->last_c;
-        int knee = near_knee(c, x, conc), long_step = c->run > 1;
+        int knee = near_knee(c, x, conc), long_step = step_was_long(c);
 
         /* The new level's own service time: a climb from 3 to 64 takes
          * the service time of a CGI that waits from 200 to 400 ms, which
