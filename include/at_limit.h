@@ -36,6 +36,7 @@ typedef struct {
 typedef struct {
     double limit;          /* the current value; the zone runs round(limit) */
     apr_uint32_t min, max;
+    apr_uint32_t cores;    /* CPUs the work can use; 0: not known */
     int dir;               /* direction of the step under test: +1, -1, 0 */
     apr_uint32_t run;      /* steps taken in that direction in a row */
     apr_uint32_t hold;     /* windows left before the next probe */
@@ -53,6 +54,10 @@ typedef struct {
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
                    apr_uint32_t max);
 
+/* The CPUs the zone's work can use: when the work grows heavier, the
+ * limit sheds no further than that at once (0, as after init: no floor). */
+void at_limit_set_cores(at_limit_t *c, apr_uint32_t cores);
+
 /* Whether n completions whose service times add up to sum_us, and their
  * squares to sumsq_us, are enough to judge a window at the current limit. */
 int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
@@ -63,5 +68,9 @@ int at_limit_update(at_limit_t *c, const at_window_t *w);
 
 /* The limit the zone runs: round(limit), within [min, max]. */
 apr_uint32_t at_limit_value(const at_limit_t *c);
+
+/* The level the limit goes back to if the step under test does not pay:
+ * round(settled), within [min, max]. Between probes, the limit itself. */
+apr_uint32_t at_limit_held(const at_limit_t *c);
 
 #endif

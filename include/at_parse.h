@@ -25,6 +25,7 @@ typedef struct {
     int limit_auto;           /* limit=auto: limit is only where it starts */
     apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
     apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
+    apr_uint32_t cores;       /* online CPUs, for an automatic limit */
 } at_zone_conf_t;
 
 #define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */

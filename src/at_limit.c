@@ -39,6 +39,12 @@
  * step and 31 -> 57 paid 0.19; 42 - 45 gave what 57 and 64 gave, but the
  * limit spent 8 s at 57 - 64 before a probe down found it. */
 #define KNEE_SHARE 0.5
+/* Windows held after a step below the cores did not pay: work that
+ * computes loses a core's share of its throughput there (in S4, on 2 cores,
+ * 16 of 116 CPU-bound windows ran at 1, a tenth of the time at half the
+ * throughput), and work bound on something narrower shows at the first
+ * such step, which pays. */
+#define CORES_HOLD (3 * AT_LIMIT_HOLD)
 /* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
 /* Windows at the settled level pooled into the reference a probe is judged
@@ -68,9 +74,19 @@ void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
     c->next_probe = +1;
 }
 
+void at_limit_set_cores(at_limit_t *c, apr_uint32_t cores)
+{
+    c->cores = cores;
+}
+
 apr_uint32_t at_limit_value(const at_limit_t *c)
 {
     return (apr_uint32_t)rounded(clamp(c, c->limit));
+}
+
+apr_uint32_t at_limit_held(const at_limit_t *c)
+{
+    return (apr_uint32_t)rounded(clamp(c, c->settled));
 }
 
 static void step_by(at_limit_t *c, int dir, double frac)
@@ -92,6 +108,12 @@ static void take_step(at_limit_t *c, int dir)
     step_by(c, dir, 0.2 * (double)(1u << (c->run < 2 ? c->run : 2)));
 }
 
+/* Whether a level runs fewer requests than the cores the work can use. */
+static int under_cores(const at_limit_t *c, double level)
+{
+    return rounded(level) < c->cores;
+}
+
 /* Whether the step under test was one of 40 or 80 %: steps grew to it
  * because the ones before paid. */
 static int step_was_long(const at_limit_t *c)
@@ -109,12 +131,13 @@ static int step_was_long(const at_limit_t *c)
 static int settle(at_limit_t *c)
 {
     int overshot = c->dir && step_was_long(c);
+    int below_cores = c->dir < 0 && under_cores(c, c->limit);
 
     c->next_probe = overshot ? c->dir : c->dir ? -c->dir : -c->next_probe;
     c->limit = c->settled;
     c->dir = 0;
     c->run = 0;
-    c->hold = overshot ? 0 : AT_LIMIT_HOLD;
+    c->hold = overshot ? 0 : below_cores ? CORES_HOLD : AT_LIMIT_HOLD;
     return overshot;
 }
 
@@ -259,21 +282,37 @@ static double share_to_shed(double before_us, double service_us, double rse)
     return share < 0.2 ? 0.2 : share > 0.8 ? 0.8 : share;
 }
 
+/* How far a shed may go at once: the cores. Work that computes keeps
+ * them all busy there however heavy each request grew; below them a shed
+ * could only suit work bound on something narrower, which a probe down
+ * still finds. In S4's switch from a CPU-burning CGI to a sleeping one the
+ * service time at 2 on 2 cores tripled, the limit shed to 1, and the
+ * windows at 1 and back at 2 took 2.4 s of the climb. */
+static double shed_floor(const at_limit_t *c)
+{
+    return c->cores > c->min ? c->cores : c->min;
+}
+
 /* The step down after the work grew is kept without being judged: the
  * window it would be judged against caught the change half done (its
  * requests started while lighter ones ran, so by Little's law it shows
  * more throughput than the level gives), and against it any step down
  * looks as if it cost throughput. The next window at the new level is the
- * reference for a probe further down, at once. */
+ * reference for a probe, at once: further down, or up from the floor. */
 static void shed(at_limit_t *c, double share)
 {
-    step_by(c, -1, share);
+    double floor = shed_floor(c);
+
+    if (c->limit > floor) {
+        step_by(c, -1, share);
+        c->limit = c->limit < floor ? floor : c->limit;
+    }
     c->settled = c->limit;
     c->dir = 0;
     c->run = 0;
     c->last_x = 0;
     c->baseline_us = 0;
-    c->next_probe = -1;
+    c->next_probe = c->limit > floor ? -1 : +1;
 }
 
 /* The work changed (a handler turned from waiting to computing, or
@@ -343,7 +382,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     /* Back to the settled level, whose reference still holds. */
     failed = c->limit;
     overshot = settle(c);
-    if (paid == 0 && was_down && c->settled < c->max && waiting) {
+    if (paid == 0 && was_down && c->settled < c->max && waiting
+        && !under_cores(c, failed)) {
         /* Throughput fell with concurrency and the work waits rather than
          * computes: more of it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
@@ -354,6 +394,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->hold = 0;
         c->next_probe = +1;
     }
+    /* Below the cores, work that computes keeps its service time too:
+     * each request still has a core. So "waits" cannot be told there. */
     else if (overshot) {
         probe_between(c, failed);
     }

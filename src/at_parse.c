@@ -284,7 +284,8 @@ static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
         return apr_psprintf(p, "min (%u) is greater than max (%u)", c->limit_min,
                             c->limit_max);
     }
-    start = (apr_uint64_t)online_cpus() * AT_AUTO_START_PER_CPU;
+    c->cores = online_cpus();
+    start = (apr_uint64_t)c->cores * AT_AUTO_START_PER_CPU;
     c->limit = (apr_uint32_t)(start < c->limit_min ? c->limit_min
                               : start > c->limit_max ? c->limit_max : start);
     return NULL;

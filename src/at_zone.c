@@ -745,6 +745,7 @@ static void apply_limit(at_zone_t *z, const at_zone_conf_t *c)
                       c->limit_min, c->limit_max);
         window_reset(z, at_now_us());
     }
+    at_limit_set_cores(&z->ctl, c->cores);
     z->limit_auto = 1;
     z->limit = at_limit_value(&z->ctl);
 }
@@ -1342,6 +1343,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->limit_auto = z->limit_auto;
     o->limit_min = z->limit_auto ? z->ctl.min : z->limit;
     o->limit_max = z->limit_auto ? z->ctl.max : z->limit;
+    o->limit_held = z->limit_auto ? at_limit_held(&z->ctl) : z->limit;
     o->limit_changes = z->ctl.changes;
     o->baseline_us = z->ctl.baseline_us;
     o->recent_us = z->ctl.recent_us;

@@ -39,7 +39,7 @@ enum {
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
-    F_LIMIT_AUTO, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
+    F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
     F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED, F_REJ_CLIENT,
@@ -72,6 +72,7 @@ static const field_t fields[NFIELDS] = {
     {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL},
     {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL},
     {"LimitAuto", "limit_auto", "limit_auto", NULL, GAUGE, "1 if the limit adapts (limit=auto)."},
+    {"LimitHeld", "limit_held", "limit_held", NULL, GAUGE, "limit=auto: the level the limit goes back to after a probe."},
     {"LimitChanges", "limit_changes", "limit_changes_total", NULL, COUNTER, "Times limit=auto changed the limit."},
     {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL},
     {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL},
@@ -116,6 +117,7 @@ static void fill_values(zone_view_t *z)
     v[F_LIMIT_MIN] = s->limit_min;
     v[F_LIMIT_MAX] = s->limit_max;
     v[F_LIMIT_AUTO] = s->limit_auto;
+    v[F_LIMIT_HELD] = s->limit_held;
     v[F_LIMIT_CHANGES] = (double)s->limit_changes;
     v[F_BASELINE] = s->baseline_us / 1000.0;
     v[F_RECENT_SERVICE] = s->recent_us / 1000.0;

@@ -9,12 +9,14 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(time sleep);
 
-plan tests => 8, need_cgi;
+plan tests => 9, need_cgi;
 
 my $cpus = do { my $n = `getconf _NPROCESSORS_ONLN`; chomp $n; $n || 1 };
 
 # Runs $clients clients on $path for $secs seconds while sampling the zone's
-# limit four times a second; returns the samples.
+# limit four times a second; returns the samples, and leaves the level the
+# controller held at each in @held.
+our @held;
 sub limit_under_load {
     my ($zone, $path, $clients, $secs) = @_;
     my $pid = fork // die;
@@ -25,8 +27,11 @@ sub limit_under_load {
     }
     my @samples;
     my $end = time + $secs;
+    @held = ();
     while (time < $end) {
-        push @samples, status_auto()->{"Throttle.$zone.Limit"};
+        my $s = status_auto();
+        push @samples, $s->{"Throttle.$zone.Limit"};
+        push @held, $s->{"Throttle.$zone.LimitHeld"};
         sleep 0.25;
     }
     waitpid($pid, 0);
@@ -47,6 +52,13 @@ print STDERR sprintf("# auto.t: CPU-burning CGI on %d CPUs: limit %s; mean of th
 ok t_cmp($m >= 1 && $m <= $cpus * 1.75, 1,
          sprintf('CPU-bound: the limit settles near %d CPUs (mean %.2f)', $cpus, $m));
 ok t_cmp(status_auto()->{'Throttle.autocpu.LimitChanges'} >= 1, 1, 'the limit moved');
+# LimitHeld is the level a probe goes back to: the limit runs at it except
+# for a probe's single window a step away, so most samples match it.
+my @held_tail = @held[-32 .. -1];
+my $same = grep { defined $held_tail[$_] && $held_tail[$_] == $tail[$_] } 0 .. $#tail;
+print STDERR "# auto.t: held levels @held_tail\n";
+ok t_cmp($same >= @tail / 2 && !grep({ !defined || $_ < 1 || $_ > 16 } @held_tail), 1,
+         "the held level is where the limit runs ($same of " . @tail . ' samples), within min and max');
 
 # Long sleeps, so that starting perl (CPU) is a small part of each request.
 my @wait = limit_under_load('autowait', '/autowait/probe.cgi?tag=autowait&sleep=400', 24, 20);

@@ -111,30 +111,63 @@ static void observe(at_limit_t *c, workload_t *wl, int windows, double *mean,
     *mean = sum / windows;
 }
 
-static void check_settles_near_cores(double cores, apr_uint32_t start)
+/* Work bound on `cores` (CPUs, or anything narrower), the controller told
+ * `told` cores (0: nothing): the limit's mean over 200 windows must be
+ * within 25 % of `cores`. Returns how many of them ran below `cores`. */
+static int check_settles_near_cores(double cores, apr_uint32_t start, apr_uint32_t told)
 {
     workload_t wl = {cores, 1000, 0.03, 1, 7, 0};
     at_limit_t c;
-    double mean;
-    apr_uint32_t lo, hi;
+    double sum = 0;
+    apr_uint32_t lo = UINT32_MAX, hi = 0;
+    int below = 0;
 
     at_limit_init(&c, start, 1, 200);
+    at_limit_set_cores(&c, told);
     run(&c, &wl, 60);
-    observe(&c, &wl, 200, &mean, &lo, &hi);
-    print_message("cores %.0f, start %u: mean limit %.2f (%u - %u)\n", cores, start,
-                  mean, lo, hi);
-    assert_true(mean >= 0.75 * cores && mean <= 1.25 * cores);
+    for (int i = 0; i < 200; i++) {
+        apr_uint32_t v = at_limit_value(&c);
+
+        sum += v;
+        below += v < cores;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        run(&c, &wl, 1);
+    }
+    print_message("cores %.0f (told %u), start %u: mean limit %.2f (%u - %u), %d of 200"
+                  " windows below %.0f\n",
+                  cores, told, start, sum / 200, lo, hi, below, cores);
+    assert_true(sum / 200 >= 0.75 * cores && sum / 200 <= 1.25 * cores);
+    return below;
 }
 
 static void test_cpu_bound_settles_near_cores(void **state)
 {
     (void)state;
-    check_settles_near_cores(2, 4);   /* 2 x the CPUs, as limit=auto starts */
-    check_settles_near_cores(4, 8);
-    check_settles_near_cores(8, 16);
-    check_settles_near_cores(16, 32);
-    check_settles_near_cores(8, 1);   /* from below */
-    check_settles_near_cores(8, 200); /* from the top */
+    check_settles_near_cores(2, 4, 0);   /* 2 x the CPUs, as limit=auto starts */
+    check_settles_near_cores(4, 8, 0);
+    check_settles_near_cores(8, 16, 0);
+    check_settles_near_cores(16, 32, 0);
+    check_settles_near_cores(8, 1, 0);   /* from below */
+    check_settles_near_cores(8, 200, 0); /* from the top */
+}
+
+/* Told the cores, the controller probes below them a third as often: a
+ * step there that does not pay is followed by a hold three times as long
+ * (on CPU-bound work each such window loses a core's share). Work bound on
+ * something narrower than the cores (one backend process) still finds its
+ * level: the first step below them pays. */
+static void test_few_probes_below_the_cores(void **state)
+{
+    (void)state;
+    for (apr_uint32_t k = 2; k <= 8; k *= 2) {
+        int told = check_settles_near_cores(k, 2 * k, k);
+        int blind = check_settles_near_cores(k, 2 * k, 0);
+
+        assert_true(2 * told < blind);
+    }
+    check_settles_near_cores(1, 8, 4);
+    check_settles_near_cores(1, 16, 8);
 }
 
 /* Real CPU-bound windows know their mean service time to 4 - 7 %: t/auto.t's
@@ -382,21 +415,28 @@ static void settle_on(at_limit_t *c, workload_t *wl, apr_uint32_t start, unsigne
 
 /* Over 20 runs (seeds) of `cores` cores at 50 ms from limit `start`, long
  * enough to settle, then sleep-bound work `slowdown` times as long: the
- * most windows any run took to reach 64. */
-static int worst_climb_after_computing(double cores, apr_uint32_t start, double slowdown)
+ * most windows any run took to reach 64, and the lowest limit any run ran
+ * after the change. `told` says whether the controller knows the cores. */
+static int worst_climb_after_computing(double cores, apr_uint32_t start, double slowdown,
+                                       int told, apr_uint32_t *lowest)
 {
     int worst = 0;
 
+    *lowest = 64;
     for (unsigned seed = 1; seed <= 20; seed++) {
         workload_t wl = {cores, 1000, 0.03, 1, seed, 0};
         at_limit_t c;
         int up;
 
         settle_on(&c, &wl, start, seed);
+        if (told) {
+            at_limit_set_cores(&c, (apr_uint32_t)cores);
+        }
         wl.cores = 0;
         wl.slowdown = slowdown;
         for (up = 0; up < 100 && at_limit_value(&c) < 64; up++) {
             run(&c, &wl, 1);
+            *lowest = at_limit_value(&c) < *lowest ? at_limit_value(&c) : *lowest;
         }
         worst = up > worst ? up : worst;
     }
@@ -408,7 +448,8 @@ static int worst_climb_after_computing(double cores, apr_uint32_t start, double 
  * the first probe. */
 static void test_climbs_from_min(void **state)
 {
-    int worst = worst_climb_after_computing(1, 1, 1);
+    apr_uint32_t lowest;
+    int worst = worst_climb_after_computing(1, 1, 1, 1, &lowest);
     (void)state;
 
     print_message("from min: 64 after at most %d windows\n", worst);
@@ -420,11 +461,27 @@ static void test_climbs_from_min(void **state)
  * ends any hold at once. */
 static void test_changed_work_ends_the_hold(void **state)
 {
-    int worst = worst_climb_after_computing(2, 4, 4);
+    apr_uint32_t lowest;
+    int worst = worst_climb_after_computing(2, 4, 4, 0, &lowest);
     (void)state;
 
     print_message("CPU to sleep: 64 after at most %d windows\n", worst);
     assert_true(worst <= 10);
+}
+
+/* The same switch, with the cores known: the heavier work does not shed
+ * the limit below them, and the climb starts from 2 instead of 1. */
+static void test_sheds_stop_at_the_cores(void **state)
+{
+    apr_uint32_t lowest, lowest_blind;
+    int worst = worst_climb_after_computing(2, 4, 4, 1, &lowest);
+    int blind = worst_climb_after_computing(2, 4, 4, 0, &lowest_blind);
+    (void)state;
+
+    print_message("CPU to sleep, cores known: 64 after at most %d windows, never below %u"
+                  " (not known: %d, %u)\n", worst, lowest, blind, lowest_blind);
+    assert_true(lowest >= 2);
+    assert_true(worst < blind);
 }
 
 /* The work turns CPU-bound while a step down is under test: the step
@@ -754,6 +811,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_bound_settles_near_cores),
+        cmocka_unit_test(test_few_probes_below_the_cores),
         cmocka_unit_test(test_noisy_windows_do_not_creep),
         cmocka_unit_test(test_overshoot_refines_the_same_way),
         cmocka_unit_test(test_sleep_bound_reaches_max),
@@ -765,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_follows_a_switch),
         cmocka_unit_test(test_climbs_from_min),
         cmocka_unit_test(test_changed_work_ends_the_hold),
+        cmocka_unit_test(test_sheds_stop_at_the_cores),
         cmocka_unit_test(test_switch_during_a_step_down),
         cmocka_unit_test(test_follows_work_turning_heavier_gradually),
         cmocka_unit_test(test_flat_top_keeps_the_climb),
