@@ -27,7 +27,8 @@
 static at_zone_t *zone_per_client(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_uint32_t per_client)
 {
-    at_zone_conf_t c = {limit, queue, 10000 * MS, AT_RETRY_AFTER_AUTO, 0, per_client, 0, 0, 0, 0};
+    at_zone_conf_t c = {limit, queue, 10000 * MS, AT_RETRY_AFTER_AUTO,
+                        0, per_client, 0, 0, 0, 0, 0};
 
     return zone_new_conf(&c);
 }
@@ -215,7 +216,7 @@ static void test_lock_repair_recounts(void **state)
 /* Turning per_client on in place counts the requests already in. */
 static void test_enabled_by_reconfigure(void **state)
 {
-    at_zone_conf_t c = {4, 0, 100 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {4, 0, 100 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0, 0};
     at_zone_t *z = zone_new_conf(&c);
     at_client_key_t a = key_of(3);
     at_ticket_t t1, t2;

@@ -168,7 +168,8 @@ static void test_unreadable(void **state)
 static at_zone_t *zone_mem(apr_uint32_t limit, apr_uint32_t queue, apr_uint64_t mem,
                            apr_int64_t settle_us)
 {
-    at_zone_conf_t c = {limit, queue, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, mem};
+    at_zone_conf_t c = {limit, queue, 5000 * MS, AT_RETRY_AFTER_AUTO,
+                        0, 0, 0, 0, 0, mem, 0};
 
     at_zone_set_mem_reading(root, settle_us);
     return zone_new_conf(&c);
@@ -322,7 +323,8 @@ static void test_settled_requests_are_in_the_reading(void **state)
  * start on memory that b and c have been promised. */
 static void test_early_free_not_counted_twice(void **state)
 {
-    at_zone_conf_t c = {8, 0, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 400 * MiB};
+    at_zone_conf_t c = {8, 0, 5000 * MS, AT_RETRY_AFTER_AUTO,
+                        0, 0, 0, 0, 0, 400 * MiB, 0};
     at_zone_t *z;
     at_ticket_t ta, tb, tc, td;
     (void)state;
@@ -350,7 +352,7 @@ static void test_early_free_not_counted_twice(void **state)
 /* Waiters held for memory still time out, and leave their places. */
 static void test_timeout_while_held(void **state)
 {
-    at_zone_conf_t c = {4, 4, 150 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 300 * MiB};
+    at_zone_conf_t c = {4, 4, 150 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 300 * MiB, 0};
     at_zone_t *z;
     at_ticket_t t;
     (void)state;

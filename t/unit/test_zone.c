@@ -343,7 +343,7 @@ static void test_lock_holder_dies(void **state)
 
 static void test_reconfigure_keeps_state(void **state)
 {
-    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0, 0};
     apr_size_t size = at_zone_size(4, 8);
     at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -374,7 +374,7 @@ static void test_reconfigure_keeps_state(void **state)
 
 static void test_retry_after(void **state)
 {
-    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0, 0, 0, 0, 0, 0, 0};
     at_zone_t *z = zone_new(2, 4, 1000 * MS);
     (void)state;
 
@@ -386,7 +386,7 @@ static void test_retry_after(void **state)
 
 static void test_dry_run_never_refuses(void **state)
 {
-    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1, 0, 0, 0, 0, 0, 0};
     at_zone_t *z = zone_new(1, 2, 100 * MS);
     at_ticket_t t[5];
     at_zone_stats_t s;
@@ -441,7 +441,8 @@ static void test_latency_histograms(void **state)
 static at_zone_t *zone_auto(apr_uint32_t min, apr_uint32_t max, apr_uint32_t start,
                              apr_int64_t timeout_us)
 {
-    at_zone_conf_t c = {start, 64, timeout_us, AT_RETRY_AFTER_AUTO, 0, 0, 1, min, max, 0};
+    at_zone_conf_t c = {start, 64, timeout_us, AT_RETRY_AFTER_AUTO,
+                        0, 0, 1, min, max, 0, 0};
 
     return zone_new_conf(&c);
 }
