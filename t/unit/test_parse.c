@@ -118,6 +118,7 @@ static void test_auto_limit(void **state)
     assert_int_equal(c.limit_min, 1);
     assert_int_equal(c.limit_max, AT_AUTO_MAX_PER_CPU * cpus);
     assert_int_equal(c.limit, AT_AUTO_START_PER_CPU * cpus); /* where it starts */
+    assert_int_equal(c.cores, cpus); /* where a shed stops */
     assert_int_equal(c.queue, 10 * c.limit);
     assert_null(parse_line("limit=AUTO min=50 max=60", &c));
     assert_int_equal(c.limit, 50); /* the start is kept within the bounds */
