@@ -290,7 +290,7 @@ static double share_to_shed(double before_us, double service_us, double rse)
  * windows at 1 and back at 2 took 2.4 s of the climb. */
 static double shed_floor(const at_limit_t *c)
 {
-    return c->cores > c->min ? c->cores : c->min;
+    return clamp(c, c->cores);
 }
 
 /* The step down after the work grew is kept without being judged: the
@@ -338,12 +338,14 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
 
 /* Across a step down, work that waits keeps its service time, work that
  * computes shortens it in proportion: nearer the first, fewer running
- * lose throughput because the work waits, and more may pay. */
+ * lose throughput because the work waits, and more may pay. Below the
+ * cores work that computes keeps its service time too (each request still
+ * has a core to itself), so there it cannot be told. */
 static int looks_waiting(const at_limit_t *c, double x, double conc)
 {
     double before = c->last_c / c->last_x, now = conc / x;
 
-    return now > before * (1 + conc / c->last_c) / 2;
+    return !under_cores(c, conc) && now > before * (1 + conc / c->last_c) / 2;
 }
 
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
@@ -382,8 +384,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     /* Back to the settled level, whose reference still holds. */
     failed = c->limit;
     overshot = settle(c);
-    if (paid == 0 && was_down && c->settled < c->max && waiting
-        && !under_cores(c, failed)) {
+    if (paid == 0 && was_down && c->settled < c->max && waiting) {
         /* Throughput fell with concurrency and the work waits rather than
          * computes: more of it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
@@ -394,8 +395,6 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->hold = 0;
         c->next_probe = +1;
     }
-    /* Below the cores, work that computes keeps its service time too:
-     * each request still has a core. So "waits" cannot be told there. */
     else if (overshot) {
         probe_between(c, failed);
     }
