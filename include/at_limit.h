@@ -20,6 +20,8 @@
 #define AT_LIMIT_FEW_SAMPLES 6
 /* Informative windows spent at the best level between two probes. */
 #define AT_LIMIT_HOLD 3
+/* service times a window lasts while the limit climbs */
+#define AT_LIMIT_WINDOW_SERVICES 2
 
 /* What a zone saw during one window. */
 typedef struct {
@@ -49,6 +51,9 @@ typedef struct {
     double baseline_us;    /* service time at the settled level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */
+    int from_hold;         /* the step under test is a probe out of a hold */
+    int at_top;            /* the climb found the knee: steps up stopped paying */
+    int confirming;        /* the probe passed once and runs a second window */
 } at_limit_t;
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
@@ -72,5 +77,9 @@ apr_uint32_t at_limit_value(const at_limit_t *c);
 /* The level the limit goes back to if the step under test does not pay:
  * round(settled), within [min, max]. Between probes, the limit itself. */
 apr_uint32_t at_limit_held(const at_limit_t *c);
+
+/* How many service times a window should last: more once the climb has
+ * found the knee, where steps change throughput by a few per cent. */
+double at_limit_window_services(const at_limit_t *c);
 
 #endif

@@ -94,12 +94,11 @@ void at_set_logger(at_log_fn fn);
  * how often a zone checks its owners for dead processes. */
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
-/* limit=auto judges windows of at least this long, and at least
- * AT_AUTO_WINDOW_SERVICES service times up to AT_AUTO_WINDOW_LONG_US, with
- * enough requests (at_limit_enough_samples) or else at most
- * AT_AUTO_WINDOW_MAX_US. */
+/* limit=auto judges windows of at least this long, and at least the
+ * service times at_limit_window_services() asks for, up to
+ * AT_AUTO_WINDOW_LONG_US per two of them, with enough requests
+ * (at_limit_enough_samples) or else at most AT_AUTO_WINDOW_MAX_US. */
 #define AT_AUTO_WINDOW_MIN_US 250000
-#define AT_AUTO_WINDOW_SERVICES 2
 #define AT_AUTO_WINDOW_LONG_US 1000000
 #define AT_AUTO_WINDOW_MAX_US 10000000
 /* mem=: how old the reading of available memory may get while there is

@@ -1001,11 +1001,11 @@ static apr_int64_t settling_us(const at_zone_t *z, apr_uint32_t next)
  * CGI at 41 in windows of 250 ms). */
 static apr_int64_t window_min_us(const at_zone_t *z)
 {
-    apr_int64_t us = AT_AUTO_WINDOW_SERVICES * (apr_int64_t)z->service_ewma_us;
+    double services = at_limit_window_services(&z->ctl);
+    apr_int64_t us = (apr_int64_t)(services * (double)z->service_ewma_us);
+    apr_int64_t longest = (apr_int64_t)(services / 2 * AT_AUTO_WINDOW_LONG_US);
 
-    return us < AT_AUTO_WINDOW_MIN_US    ? AT_AUTO_WINDOW_MIN_US
-           : us > AT_AUTO_WINDOW_LONG_US ? AT_AUTO_WINDOW_LONG_US
-                                         : us;
+    return us < AT_AUTO_WINDOW_MIN_US ? AT_AUTO_WINDOW_MIN_US : us > longest ? longest : us;
 }
 
 /* The relative standard error of the window's mean service time: how far

@@ -584,8 +584,8 @@ static at_window_t simulate_on(workload_t *wl, apr_uint32_t limit, const measure
 
 /* S4's switch from CPU-bound work on 2 cores to its sleeping CGI: the
  * limit climbs and stays near the top. Over 20 seeds, 40 windows from the
- * 10th on, it gets 0.98 x the throughput of 64 on average (the worst seed
- * 0.97 x). Judging steps up by 0.2 of the change in concurrency and steps
+ * 10th on, it gets 0.97 x the throughput of 64 on average (the worst seed
+ * 0.89 x; 0.98 x and 0.93 x before probes at the top were confirmed). Judging steps up by 0.2 of the change in concurrency and steps
  * down within that much whatever the noise, it got 0.90 x on average (the
  * worst seed 0.89 x); in S4 it walked down 64 -> 51 -> 31. */
 static void test_flat_top_keeps_the_climb(void **state)
@@ -653,6 +653,110 @@ static void test_climb_stops_near_the_knee(void **state)
         last, settled);
     assert_true(last >= 36 && last <= 50);
     assert_true(settled <= 5);
+}
+
+/* S4's switch curve, reached from 2 cores of CPU-bound work, with windows
+ * that differ from one another by 4 % (uniform) while each reports 1.5 %,
+ * as S4's do at the top: 60 windows after the switch, the held level
+ * (LimitHeld) must be within 25 % of the median of its last 20 from window
+ * 20 on (about 10 s of S4's switch) in `runs` runs. Returns how many were
+ * not. */
+static int flat_top_walks(int runs)
+{
+    int walked = 0;
+
+    for (int seed = 1; seed <= runs; seed++) {
+        workload_t wl = {2, 1000, 0.03, 1, (unsigned)seed, 0};
+        apr_uint32_t held[60], sorted[20], median;
+        at_limit_t c;
+        int i, j;
+
+        settle_on(&c, &wl, 4, (unsigned)seed);
+        at_limit_set_cores(&c, 2);
+        wl.noise = 0.04 * sqrt(3);
+        for (i = 0; i < 60; i++) {
+            at_window_t w = simulate_on(&wl, at_limit_value(&c), s4_switch,
+                                        POINTS(s4_switch));
+
+            w.service_rse = 0.015;
+            at_limit_update(&c, &w);
+            held[i] = at_limit_held(&c);
+        }
+        for (i = 0; i < 20; i++) {
+            for (j = i; j > 0 && sorted[j - 1] > held[40 + i]; j--) {
+                sorted[j] = sorted[j - 1];
+            }
+            sorted[j] = held[40 + i];
+        }
+        median = sorted[10];
+        for (i = 20; i < 60; i++) {
+            if (fabs((double)held[i] - median) > 0.25 * median) {
+                walked++;
+                break;
+            }
+        }
+    }
+    return walked;
+}
+
+/* On that flat top a probe's effect (2 - 3 %) is within the windows'
+ * spread, and judged by one window probes both ways passed by chance: the
+ * held level walked 31 - 59 long after the climb. Once the climb has found
+ * the knee, a probe out of a hold that passes is judged by a second window
+ * before the held level moves. 200 runs: the held level off its final band
+ * after window 20 in 37; judged by one window, 71. */
+static void test_flat_top_probes_are_confirmed(void **state)
+{
+    int walked = flat_top_walks(200);
+    (void)state;
+
+    print_message("flat top, windows spread 4 %%, report 1.5 %%: the held level off its "
+                  "final band after window 20 in %d of 200 runs\n",
+                  walked);
+    assert_true(walked <= 50);
+}
+
+/* Windows last two service times while the limit climbs and four once the
+ * climb has found the knee, where a step's effect is a few per cent; a
+ * change of work, or a window where nobody waited, starts a climb again at
+ * the short length. S4's switch curve from 10, no noise: two service times
+ * up to the first step that paid less than half its change, four from the
+ * end of that climb on. */
+static void test_windows_lengthen_at_the_top(void **state)
+{
+    workload_t wl = {0, 1000, 0.0, 1, 1, 0};
+    at_limit_t c;
+    at_window_t w;
+    int i, short_windows = 0;
+    (void)state;
+
+    at_limit_init(&c, 10, 1, 64);
+    at_limit_set_cores(&c, 2);
+    assert_true(at_limit_window_services(&c) == 2);
+    for (i = 0; i < 30; i++) {
+        short_windows += at_limit_window_services(&c) == 2;
+        w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
+        at_limit_update(&c, &w);
+    }
+    print_message("S4's switch curve from 10: %d windows of two service times, then four\n",
+                  short_windows);
+    assert_true(short_windows >= 3 && short_windows <= 6);
+    assert_true(at_limit_window_services(&c) == 4);
+
+    /* each request now takes three times as long: the work changed */
+    w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
+    w.service_us *= 3;
+    at_limit_update(&c, &w);
+    assert_true(at_limit_window_services(&c) == 2);
+
+    for (i = 0; i < 30; i++) {
+        w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
+        at_limit_update(&c, &w);
+    }
+    assert_true(at_limit_window_services(&c) == 4);
+    w.limited = 0;
+    at_limit_update(&c, &w);
+    assert_true(at_limit_window_services(&c) == 2);
 }
 
 /* The limit after a probe up from 10 and the step that follows it, on a
@@ -854,6 +958,8 @@ int main(void)
         cmocka_unit_test(test_flat_top_keeps_the_climb),
         cmocka_unit_test(test_a_dip_puts_off_the_probe),
         cmocka_unit_test(test_climb_stops_near_the_knee),
+        cmocka_unit_test(test_flat_top_probes_are_confirmed),
+        cmocka_unit_test(test_windows_lengthen_at_the_top),
         cmocka_unit_test(test_steps_stop_growing_at_the_knee),
         cmocka_unit_test(test_enough_samples),
     };
