@@ -98,6 +98,16 @@ double at_limit_window_services(const at_limit_t *c)
     return c->at_top ? 2 * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
 }
 
+/* What the climb found no longer holds (the work changed, or demand fell
+ * under the limit): the next climb is judged with short windows and
+ * unconfirmed steps. */
+static void forget_the_top(at_limit_t *c)
+{
+    c->at_top = 0;
+    c->from_hold = 0;
+    c->confirming = 0;
+}
+
 static void step_by(at_limit_t *c, int dir, double frac)
 {
     double delta = c->limit * frac;
@@ -335,9 +345,7 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
 {
     c->hold = 0;
     c->run = 0;
-    c->at_top = 0;
-    c->from_hold = 0;
-    c->confirming = 0;
+    forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
         shed(c, share_to_shed(before_us, w->service_us, w->service_rse));
         return;
@@ -515,9 +523,7 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
         c->dir = 0;
         c->run = 0;
         c->last_x = 0;
-        c->at_top = 0;
-        c->from_hold = 0;
-        c->confirming = 0;
+        forget_the_top(c);
     }
     else if (c->dir && c->last_x > 0) {
         judge_step(c, x, conc, w);
