@@ -80,6 +80,6 @@ apr_uint32_t at_limit_held(const at_limit_t *c);
 
 /* How many service times a window should last: more once the climb has
  * found the knee, where steps change throughput by a few per cent. */
-double at_limit_window_services(const at_limit_t *c);
+apr_uint32_t at_limit_window_services(const at_limit_t *c);
 
 #endif

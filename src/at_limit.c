@@ -93,7 +93,7 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
  * proportion from one that does not. At the top a step's effect is 2 - 3 %,
  * and windows of two service times differ from one another by 4 - 6 %
  * (S4's sleeping CGI at 41 - 64): twice as long, half the variance. */
-double at_limit_window_services(const at_limit_t *c)
+apr_uint32_t at_limit_window_services(const at_limit_t *c)
 {
     return c->at_top ? 2 * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
 }

@@ -1001,9 +1001,9 @@ static apr_int64_t settling_us(const at_zone_t *z, apr_uint32_t next)
  * CGI at 41 in windows of 250 ms). */
 static apr_int64_t window_min_us(const at_zone_t *z)
 {
-    double services = at_limit_window_services(&z->ctl);
-    apr_int64_t us = (apr_int64_t)(services * (double)z->service_ewma_us);
-    apr_int64_t longest = (apr_int64_t)(services / 2 * AT_AUTO_WINDOW_LONG_US);
+    apr_int64_t services = at_limit_window_services(&z->ctl);
+    apr_int64_t us = services * (apr_int64_t)z->service_ewma_us;
+    apr_int64_t longest = services * AT_AUTO_WINDOW_LONG_US / 2;
 
     return us < AT_AUTO_WINDOW_MIN_US ? AT_AUTO_WINDOW_MIN_US : us > longest ? longest : us;
 }

@@ -585,8 +585,9 @@ static at_window_t simulate_on(workload_t *wl, apr_uint32_t limit, const measure
 /* S4's switch from CPU-bound work on 2 cores to its sleeping CGI: the
  * limit climbs and stays near the top. Over 20 seeds, 40 windows from the
  * 10th on, it gets 0.97 x the throughput of 64 on average (the worst seed
- * 0.89 x; 0.98 x and 0.93 x before probes at the top were confirmed). Judging steps up by 0.2 of the change in concurrency and steps
- * down within that much whatever the noise, it got 0.90 x on average (the
+ * 0.89 x; 0.98 x and 0.93 x before probes at the top were confirmed).
+ * Judging steps up by 0.2 of the change in concurrency and steps down
+ * within that much whatever the noise, it got 0.90 x on average (the
  * worst seed 0.89 x); in S4 it walked down 64 -> 51 -> 31. */
 static void test_flat_top_keeps_the_climb(void **state)
 {
@@ -732,7 +733,7 @@ static void test_windows_lengthen_at_the_top(void **state)
 
     at_limit_init(&c, 10, 1, 64);
     at_limit_set_cores(&c, 2);
-    assert_true(at_limit_window_services(&c) == 2);
+    assert_int_equal(at_limit_window_services(&c), 2);
     for (i = 0; i < 30; i++) {
         short_windows += at_limit_window_services(&c) == 2;
         w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
@@ -741,22 +742,22 @@ static void test_windows_lengthen_at_the_top(void **state)
     print_message("S4's switch curve from 10: %d windows of two service times, then four\n",
                   short_windows);
     assert_true(short_windows >= 3 && short_windows <= 6);
-    assert_true(at_limit_window_services(&c) == 4);
+    assert_int_equal(at_limit_window_services(&c), 4);
 
     /* each request now takes three times as long: the work changed */
     w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
     w.service_us *= 3;
     at_limit_update(&c, &w);
-    assert_true(at_limit_window_services(&c) == 2);
+    assert_int_equal(at_limit_window_services(&c), 2);
 
     for (i = 0; i < 30; i++) {
         w = simulate_on(&wl, at_limit_value(&c), s4_switch, POINTS(s4_switch));
         at_limit_update(&c, &w);
     }
-    assert_true(at_limit_window_services(&c) == 4);
+    assert_int_equal(at_limit_window_services(&c), 4);
     w.limited = 0;
     at_limit_update(&c, &w);
-    assert_true(at_limit_window_services(&c) == 2);
+    assert_int_equal(at_limit_window_services(&c), 2);
 }
 
 /* The limit after a probe up from 10 and the step that follows it, on a
