@@ -495,7 +495,11 @@ static void *hammer(void *arg)
 
 /* limit=auto in a real zone: requests that only wait gain from running
  * together, so the limit climbs from its start towards max; the requests
- * themselves see more of them running at once, never more than max. */
+ * themselves see more of them running at once, never more than max. The
+ * level checked at the end is the held one: the limit itself may be a
+ * probe's, and a machine that slows for a few windows (CI under ASan: a
+ * 10 ms sleep took 11 - 14 ms) makes a probe down look free, whose
+ * continuing step was 6 when the test stopped. */
 static void test_auto_limit_climbs_for_waiting_work(void **state)
 {
     enum { THREADS = 16 };
@@ -516,13 +520,13 @@ static void test_auto_limit_climbs_for_waiting_work(void **state)
         pthread_join(th[i], NULL);
     }
     at_zone_stats(z, &s);
-    print_message("limit=auto: 3 -> %u after 4 s, %lu changes, service %.1f ms; "
+    print_message("limit=auto: 3 -> %u (held %u) after 4 s, %lu changes, service %.1f ms; "
                   "the requests saw at most %u running, %u in the last second\n",
-                  s.limit, (unsigned long)s.limit_changes, s.recent_us / 1000, h.most,
-                  h.most_late);
+                  s.limit, s.limit_held, (unsigned long)s.limit_changes, s.recent_us / 1000,
+                  h.most, h.most_late);
     assert_true(h.most <= 12);
     assert_true(h.most_late >= 8);
-    assert_true(s.limit >= 8 && s.limit <= 12);
+    assert_true(s.limit_held >= 8 && s.limit_held <= 12);
     assert_true(s.limit_changes >= 2);
     assert_int_equal(s.active, 0);
     zone_free(z);
