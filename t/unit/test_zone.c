@@ -454,6 +454,8 @@ typedef struct {
     apr_uint32_t running, most;  /* counted by the requests themselves */
     apr_int64_t most_since_us;   /* most running from here on */
     apr_uint32_t most_late;
+    apr_uint32_t cores;          /* above this many running, each request takes
+                                  * longer in proportion, as if computing (0: never) */
 } hammer_t;
 
 static void note_running(hammer_t *h, apr_uint32_t n)
@@ -472,7 +474,14 @@ static void note_running(hammer_t *h, apr_uint32_t n)
     }
 }
 
-/* Requests that wait on something else (a sleep) for hold_us each. */
+static int hold_for(const hammer_t *h, apr_uint32_t running)
+{
+    return h->cores && running > h->cores ? (int)(h->hold_us * running / h->cores)
+                                          : h->hold_us;
+}
+
+/* Requests that wait on something else (a sleep) for hold_us each, longer
+ * when more than `cores` run. */
 static void *hammer(void *arg)
 {
     hammer_t *h = arg;
@@ -481,8 +490,10 @@ static void *hammer(void *arg)
         at_ticket_t t;
         at_result_t r = at_zone_acquire(h->z, &t, NULL, NULL);
         if (r == AT_ADMITTED || r == AT_QUEUED) {
-            note_running(h, __atomic_add_fetch(&h->running, 1, __ATOMIC_SEQ_CST));
-            usleep(h->hold_us);
+            apr_uint32_t n = __atomic_add_fetch(&h->running, 1, __ATOMIC_SEQ_CST);
+
+            note_running(h, n);
+            usleep(hold_for(h, n));
             __atomic_sub_fetch(&h->running, 1, __ATOMIC_SEQ_CST);
             at_zone_release(h->z, &t);
         }
@@ -491,6 +502,21 @@ static void *hammer(void *arg)
         }
     }
     return NULL;
+}
+
+/* `threads` of hammer() on one zone until h->until_us. */
+static void hammer_threads(hammer_t *h, int threads)
+{
+    enum { MOST = 32 };
+    pthread_t th[MOST];
+
+    assert_true(threads <= MOST);
+    for (int i = 0; i < threads; i++) {
+        pthread_create(&th[i], NULL, hammer, h);
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+    }
 }
 
 /* limit=auto in a real zone: requests that only wait gain from running
@@ -504,26 +530,20 @@ static void test_auto_limit_climbs_for_waiting_work(void **state)
 {
     enum { THREADS = 16 };
     at_zone_t *z = zone_auto(1, 12, 3, 10000 * MS);
-    pthread_t th[THREADS];
     apr_int64_t now = at_now_us();
-    hammer_t h = {z, now + 4000 * MS, 10 * MS, 0, 0, now + 3000 * MS, 0};
+    hammer_t h = {z, now + 4000 * MS, 10 * MS, 0, 0, now + 3000 * MS, 0, 0};
     at_zone_stats_t s;
     (void)state;
 
     at_zone_stats(z, &s);
     assert_int_equal(s.limit, 3);
     assert_int_equal(s.limit_auto, 1);
-    for (int i = 0; i < THREADS; i++) {
-        pthread_create(&th[i], NULL, hammer, &h);
-    }
-    for (int i = 0; i < THREADS; i++) {
-        pthread_join(th[i], NULL);
-    }
+    hammer_threads(&h, THREADS);
     at_zone_stats(z, &s);
-    print_message("limit=auto: 3 -> %u (held %u) after 4 s, %lu changes, service %.1f ms; "
-                  "the requests saw at most %u running, %u in the last second\n",
-                  s.limit, s.limit_held, (unsigned long)s.limit_changes, s.recent_us / 1000,
-                  h.most, h.most_late);
+    print_message("limit=auto: 3 -> %u (held %u) after 4 s, %lu changes, "
+                  "service %.1f ms; the requests saw at most %u running, %u in the "
+                  "last second\n", s.limit, s.limit_held, (unsigned long)s.limit_changes,
+                  s.recent_us / 1000, h.most, h.most_late);
     assert_true(h.most <= 12);
     assert_true(h.most_late >= 8);
     assert_true(s.limit_held >= 8 && s.limit_held <= 12);
@@ -550,33 +570,63 @@ static void capture_windows(int level, const char *msg)
     }
 }
 
+/* hammer_threads(), keeping the windows the zone judged meanwhile. */
+static void hammer_judging_windows(hammer_t *h, int threads)
+{
+    windows_seen = 0;
+    at_set_logger(capture_windows);
+    hammer_threads(h, threads);
+    at_set_logger(NULL);
+    print_message("windows judged: %d\n", windows_seen);
+}
+
 /* Twelve requests of 300 ms side by side, held at 12: six completions of
  * the same length would be enough to judge, and the first wave brings
  * twelve, but each window lasts at least two service times, so that it
- * does not catch one wave of them. */
+ * does not catch one wave of them; and no more than that while no climb
+ * has found a top (min = max: there is none to find). */
 static void test_auto_windows_span_two_services(void **state)
 {
     enum { THREADS = 16 };
     at_zone_t *z = zone_auto(12, 12, 12, 10000 * MS);
-    pthread_t th[THREADS];
     apr_int64_t now = at_now_us();
-    hammer_t h = {z, now + 3000 * MS, 300 * MS, 0, 0, now, 0};
+    hammer_t h = {z, now + 3000 * MS, 300 * MS, 0, 0, now, 0, 0};
     (void)state;
 
-    windows_seen = 0;
-    at_set_logger(capture_windows);
-    for (int i = 0; i < THREADS; i++) {
-        pthread_create(&th[i], NULL, hammer, &h);
-    }
-    for (int i = 0; i < THREADS; i++) {
-        pthread_join(th[i], NULL);
-    }
-    at_set_logger(NULL);
-    print_message("windows judged: %d\n", windows_seen);
+    hammer_judging_windows(&h, THREADS);
     assert_true(windows_seen >= 2);
     for (int i = 0; i < windows_seen; i++) {
-        print_message("  %.2f s, service %.1f ms\n", window_secs[i], window_service_ms[i]);
+        print_message("  %.2f s, service %.1f ms\n", window_secs[i],
+                      window_service_ms[i]);
         assert_true(window_secs[i] >= 1.5 * window_service_ms[i] / 1000);
+        assert_true(window_secs[i] < 3 * window_service_ms[i] / 1000);
+    }
+    zone_free(z);
+}
+
+/* Requests of 150 ms that share 4 cores, so that beyond 4 running each one
+ * takes longer in proportion: the step up from 4 gains nothing, the climb
+ * has found its top, and from then on each window lasts four service
+ * times instead of two (at_limit_window_services): on a flat top a probe's
+ * effect is a few per cent, and twice as long a window halves the
+ * variance it is judged with. */
+static void test_auto_windows_lengthen_at_the_top(void **state)
+{
+    enum { THREADS = 12, LAST = 2 };
+    at_zone_t *z = zone_auto(1, 8, 4, 10000 * MS);
+    apr_int64_t now = at_now_us();
+    hammer_t h = {z, now + 6000 * MS, 150 * MS, 0, 0, now, 0, 4};
+    (void)state;
+
+    hammer_judging_windows(&h, THREADS);
+    for (int i = 0; i < windows_seen; i++) {
+        print_message("  %.2f s, service %.1f ms: %.1f service times\n", window_secs[i],
+                      window_service_ms[i],
+                      window_secs[i] / (window_service_ms[i] / 1000));
+    }
+    assert_true(windows_seen >= LAST + 2);
+    for (int i = windows_seen - LAST; i < windows_seen; i++) {
+        assert_true(window_secs[i] >= 3 * window_service_ms[i] / 1000);
     }
     zone_free(z);
 }
@@ -626,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_latency_histograms),
         cmocka_unit_test(test_auto_limit_climbs_for_waiting_work),
         cmocka_unit_test(test_auto_windows_span_two_services),
+        cmocka_unit_test(test_auto_windows_lengthen_at_the_top),
         cmocka_unit_test(test_predicted_wait_refused_at_once),
     };
 
