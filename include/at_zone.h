@@ -96,8 +96,9 @@ void at_set_logger(at_log_fn fn);
 #define AT_RECLAIM_INTERVAL_US 250000
 /* limit=auto judges windows of at least this long, and at least the
  * service times at_limit_window_services() asks for, up to
- * AT_AUTO_WINDOW_LONG_US per two of them, with enough requests
- * (at_limit_enough_samples) or else at most AT_AUTO_WINDOW_MAX_US. */
+ * AT_AUTO_WINDOW_LONG_US for the AT_LIMIT_WINDOW_SERVICES of a climb (twice
+ * that at the top), with enough requests (at_limit_enough_samples) or else
+ * at most AT_AUTO_WINDOW_MAX_US. */
 #define AT_AUTO_WINDOW_MIN_US 250000
 #define AT_AUTO_WINDOW_LONG_US 1000000
 #define AT_AUTO_WINDOW_MAX_US 10000000

@@ -1003,9 +1003,11 @@ static apr_int64_t window_min_us(const at_zone_t *z)
 {
     apr_int64_t services = at_limit_window_services(&z->ctl);
     apr_int64_t us = services * (apr_int64_t)z->service_ewma_us;
-    apr_int64_t longest = services * AT_AUTO_WINDOW_LONG_US / 2;
+    apr_int64_t longest = services * AT_AUTO_WINDOW_LONG_US / AT_LIMIT_WINDOW_SERVICES;
 
-    return us < AT_AUTO_WINDOW_MIN_US ? AT_AUTO_WINDOW_MIN_US : us > longest ? longest : us;
+    return us < AT_AUTO_WINDOW_MIN_US ? AT_AUTO_WINDOW_MIN_US
+           : us > longest            ? longest
+                                     : us;
 }
 
 /* The relative standard error of the window's mean service time: how far
