@@ -55,4 +55,7 @@ s4_switch() { # dir switch-seconds
     date +%s.%N >> "$dir/switch-t0"
     wait "$sampler" || true
     bench_stop
+    # With BENCH_LOGLEVEL="warn adaptive_throttle:trace1" the windows the
+    # controller judged, for each run.
+    cp "$bench_dir/error_log" "$dir/error_log" 2>/dev/null || true
 }
