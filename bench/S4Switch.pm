@@ -5,7 +5,7 @@ package S4Switch;
 use strict;
 use warnings;
 use Exporter 'import';
-our @EXPORT_OK = qw(median read_switch settling);
+our @EXPORT_OK = qw(median read_switch settling settling_cells);
 
 sub median {
     my @v = sort { $a <=> $b } @_;
@@ -49,12 +49,13 @@ sub settled_after {
 
 # How much of the time from 10 s on the limit itself spends within ±25 % of
 # the held level's final median, and its range: a probe's excursions are
-# brief or not, which the settled times alone do not tell.
+# brief or not, which the settled times alone do not tell. Undef when the
+# phase was shorter than 10 s.
 sub share_near {
     my ($final, @in) = @_;
     my $tol = 0.25 * $final < 1 ? 1 : 0.25 * $final;
     my @l = map { $_->[1] } @in;
-    return [0, 0, 0] unless @l;
+    return undef unless @l;
     my ($lo, $hi) = (sort { $a <=> $b } @l)[0, -1];
     return [scalar(grep { abs($_ - $final) <= $tol } @l) / @l, $lo, $hi];
 }
@@ -83,6 +84,17 @@ sub settling {
                        share_near($final_held, grep { $_->[0] >= $from + 10 } @in)];
     }
     return \@settle;
+}
+
+# One phase of settling() as the reports' table cells: phase, settled
+# limit, after, running median after, held level, after, share near, range.
+sub settling_cells {
+    my ($phase, $final, $lim, $med, $held, $held_after, $near) = @{ $_[0] };
+    my $secs = sub { defined $_[0] ? sprintf('%.1f', $_[0]) : 'never' };
+    return (('CPU', 'sleep', 'CPU again')[$phase], $final, $secs->($lim), $secs->($med),
+            $held, $secs->($held_after),
+            $near ? (sprintf('%.0f %%', 100 * $near->[0]), "$near->[1] – $near->[2]")
+                  : ('–', '–'));
 }
 
 1;
