@@ -5,7 +5,10 @@ package S4Switch;
 use strict;
 use warnings;
 use Exporter 'import';
-our @EXPORT_OK = qw(median read_switch settling settling_cells);
+our @EXPORT_OK = qw(@PHASES median read_switch settling settling_cells);
+
+# The switch's phases, in order.
+our @PHASES = ('CPU', 'sleep', 'CPU again');
 
 sub median {
     my @v = sort { $a <=> $b } @_;
@@ -91,7 +94,7 @@ sub settling {
 sub settling_cells {
     my ($phase, $final, $lim, $med, $held, $held_after, $near) = @{ $_[0] };
     my $secs = sub { defined $_[0] ? sprintf('%.1f', $_[0]) : 'never' };
-    return (('CPU', 'sleep', 'CPU again')[$phase], $final, $secs->($lim), $secs->($med),
+    return ($PHASES[$phase], $final, $secs->($lim), $secs->($med),
             $held, $secs->($held_after),
             $near ? (sprintf('%.0f %%', 100 * $near->[0]), "$near->[1] – $near->[2]")
                   : ('–', '–'));

@@ -279,12 +279,8 @@ static int pool_reference(at_limit_t *c, double x, double conc, double rse)
  * a hold, one after a shed. */
 static void probe(at_limit_t *c, int dir)
 {
-    if (dir < 0 && c->limit <= c->min) {
-        dir = +1;
-        c->run = 0;
-    }
-    else if (dir > 0 && c->limit >= c->max) {
-        dir = -1;
+    if (dir < 0 ? c->limit <= c->min : c->limit >= c->max) {
+        dir = -dir;
         c->run = 0;
     }
     take_step(c, dir);
@@ -333,17 +329,20 @@ static double shed_floor(const at_limit_t *c)
 static void shed(at_limit_t *c, double share)
 {
     double floor = shed_floor(c);
+    int above;
 
     if (c->limit > floor) {
         step_by(c, -1, share);
         c->limit = c->limit < floor ? floor : c->limit;
     }
+    above = c->limit > floor;
     c->settled = c->limit;
     c->dir = 0;
-    c->run = c->limit > floor ? 1 : 0;
+    /* at the floor the probe goes up, and the shed was no step of its run */
+    c->run = above ? 1 : 0;
     c->last_x = 0;
     c->baseline_us = 0;
-    c->next_probe = c->limit > floor ? -1 : +1;
+    c->next_probe = above ? -1 : +1;
 }
 
 /* The work changed (a handler turned from waiting to computing, or
