@@ -53,7 +53,7 @@ typedef struct {
     apr_uint64_t changes;  /* times round(limit) changed */
     int from_hold;         /* the step under test is a probe out of a hold */
     int at_top;            /* the climb found the knee: steps up stopped paying */
-    int confirming;        /* the probe passed once and runs a second window */
+    int confirming;        /* windows the probe passed beyond its first */
 } at_limit_t;
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,

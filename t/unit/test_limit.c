@@ -584,8 +584,9 @@ static at_window_t simulate_on(workload_t *wl, apr_uint32_t limit, const measure
 
 /* S4's switch from CPU-bound work on 2 cores to its sleeping CGI: the
  * limit climbs and stays near the top. Over 20 seeds, 40 windows from the
- * 10th on, it gets 0.97 x the throughput of 64 on average (the worst seed
- * 0.89 x; 0.98 x and 0.93 x before probes at the top were confirmed).
+ * 10th on, it gets 0.975 x the throughput of 64 on average (the worst
+ * seed 0.93 x; 0.974 x and 0.89 x with probes at the top confirmed by one
+ * window, 0.98 x and 0.93 x before they were confirmed).
  * Judging steps up by 0.2 of the change in concurrency and steps down
  * within that much whatever the noise, it got 0.90 x on average (the
  * worst seed 0.89 x); in S4 it walked down 64 -> 51 -> 31. */
@@ -656,65 +657,85 @@ static void test_climb_stops_near_the_knee(void **state)
     assert_true(settled <= 5);
 }
 
+/* The median of the last 20 of 60 values. */
+static apr_uint32_t median_of_last_20(const apr_uint32_t *v)
+{
+    apr_uint32_t sorted[20];
+    int i, j;
+
+    for (i = 0; i < 20; i++) {
+        for (j = i; j > 0 && sorted[j - 1] > v[40 + i]; j--) {
+            sorted[j] = sorted[j - 1];
+        }
+        sorted[j] = v[40 + i];
+    }
+    return sorted[10];
+}
+
+/* Whether any of the 60 values from the 20th on is more than 25 % from the
+ * median of the last 20: S4's criterion for settled, about 10 s after its
+ * switch. */
+static int off_band_after_20(const apr_uint32_t *v)
+{
+    apr_uint32_t median = median_of_last_20(v);
+
+    for (int i = 20; i < 60; i++) {
+        if (fabs((double)v[i] - median) > 0.25 * median) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* S4's switch curve, reached from 2 cores of CPU-bound work, with windows
  * that differ from one another by 4 % (uniform) while each reports 1.5 %,
- * as S4's do at the top: 60 windows after the switch, the held level
- * (LimitHeld) must be within 25 % of the median of its last 20 from window
- * 20 on (about 10 s of S4's switch) in `runs` runs. Returns how many were
- * not. */
-static int flat_top_walks(int runs)
+ * as S4's do at the top: 60 windows after the switch, `runs` runs. Counts
+ * the runs where the held level (LimitHeld) and the limit itself were off
+ * their final band after window 20. */
+static void flat_top_walks(int runs, int *held_off, int *limit_off)
 {
-    int walked = 0;
-
+    *held_off = *limit_off = 0;
     for (int seed = 1; seed <= runs; seed++) {
         workload_t wl = {2, 1000, 0.03, 1, (unsigned)seed, 0};
-        apr_uint32_t held[60], sorted[20], median;
+        apr_uint32_t held[60], limit[60];
         at_limit_t c;
-        int i, j;
 
         settle_on(&c, &wl, 4, (unsigned)seed);
         at_limit_set_cores(&c, 2);
         wl.noise = 0.04 * sqrt(3);
-        for (i = 0; i < 60; i++) {
-            at_window_t w = simulate_on(&wl, at_limit_value(&c), s4_switch,
-                                        POINTS(s4_switch));
+        for (int i = 0; i < 60; i++) {
+            at_window_t w;
 
+            limit[i] = at_limit_value(&c);
+            w = simulate_on(&wl, limit[i], s4_switch, POINTS(s4_switch));
             w.service_rse = 0.015;
             at_limit_update(&c, &w);
             held[i] = at_limit_held(&c);
         }
-        for (i = 0; i < 20; i++) {
-            for (j = i; j > 0 && sorted[j - 1] > held[40 + i]; j--) {
-                sorted[j] = sorted[j - 1];
-            }
-            sorted[j] = held[40 + i];
-        }
-        median = sorted[10];
-        for (i = 20; i < 60; i++) {
-            if (fabs((double)held[i] - median) > 0.25 * median) {
-                walked++;
-                break;
-            }
-        }
+        *held_off += off_band_after_20(held);
+        *limit_off += off_band_after_20(limit);
     }
-    return walked;
 }
 
 /* On that flat top a probe's effect (2 - 3 %) is within the windows'
  * spread, and judged by one window probes both ways passed by chance: the
  * held level walked 31 - 59 long after the climb. Once the climb has found
- * the knee, a probe out of a hold that passes is judged by a second window
+ * the knee, a probe out of a hold that passes is judged by two more windows
  * before the held level moves. 200 runs: the held level off its final band
- * after window 20 in 37; judged by one window, 71. */
+ * after window 20 in 31, the limit itself in 122 (its probes around a held
+ * level that moves late count); judged by one window, 71 and 190; by two,
+ * 37 and 149. */
 static void test_flat_top_probes_are_confirmed(void **state)
 {
-    int walked = flat_top_walks(200);
+    int held_off, limit_off;
     (void)state;
 
-    print_message("flat top, windows spread 4 %%, report 1.5 %%: the held level off its "
-                  "final band after window 20 in %d of 200 runs\n",
-                  walked);
-    assert_true(walked <= 50);
+    flat_top_walks(200, &held_off, &limit_off);
+    print_message("flat top, windows spread 4 %%, report 1.5 %%: off the final band after "
+                  "window 20 in %d (held level) and %d (the limit itself) of 200 runs\n",
+                  held_off, limit_off);
+    assert_true(held_off <= 50);
+    assert_true(limit_off <= 135);
 }
 
 /* Windows last two service times while the limit climbs and four once the
@@ -901,7 +922,7 @@ static void test_follows_work_turning_heavier_gradually(void **state)
  * probe after the shed is 40 %, which fails by chance a third as often,
  * and its failure tries the level between: 16 of 1,000. Here, over 200
  * seeds, the windows until the held level is at most 3: more than 12 in
- * 9 seeds before, 2 now. */
+ * 9 seeds before, 2 with it (1 since probes at the top pass three windows). */
 static void test_shed_from_a_flat_top_goes_on_down(void **state)
 {
     int worst = 0, late = 0;
