@@ -330,17 +330,22 @@ static double shed_floor(const at_limit_t *c)
  * more throughput than the level gives), and against it any step down
  * looks as if it cost throughput. The next window at the new level is the
  * reference for a probe, at once: up from the floor, or further down as
- * the second step of a run, 40 %. The shed only knows how much heavier
- * each request grew, not how far above the knee the old level was: in
- * S4's switch back to computing it left 8 - 18 on 2 cores. With windows
- * known to 5 %, a 20 % probe from there fails by chance when the two
- * differ by 10 % (1.5 standard errors: 7 % of the time); the search then
- * turned up, the failed step up after it marked a top, and there probes
- * down wait for holds and confirmation: in 70 of 1,000 simulated switches
- * the held level reached the cores after 10 s. A 40 % step fails by
- * chance at 14 % (2 standard errors), and then the level between is
- * tried at once: 16 of 1,000. */
-static void shed(at_limit_t *c, double share)
+ * the second step of a run, 40 %. Unless that window shows the work still
+ * changing since the one that made the limit shed, beyond what the shed
+ * itself explains (work_changed_under_step): then the shed came early in
+ * the change, and the limit looks again from the new window (after_shed).
+ * Work turning heavier over four windows took a limit of 64 to 4 or less
+ * in at most 15 windows without that, 4 with it. The shed only knows how
+ * much heavier each request grew, not how far above the knee the old
+ * level was: in S4's switch back to computing it left 8 - 18 on 2 cores.
+ * With windows known to 5 %, a 20 % probe from there fails by chance when
+ * the two differ by 10 % (1.5 standard errors: 7 % of the time); the
+ * search then turned up, the failed step up after it marked a top, and
+ * there probes down wait for holds and confirmation: in 70 of 1,000
+ * simulated switches the held level reached the cores after 10 s. A 40 %
+ * step fails by chance at 14 % (2 standard errors), and then the level
+ * between is tried at once: 16 of 1,000. */
+static void shed(at_limit_t *c, double share, double x, double conc)
 {
     double floor = shed_floor(c);
     int above;
@@ -354,7 +359,11 @@ static void shed(at_limit_t *c, double share)
     c->dir = 0;
     /* at the floor the probe goes up, and the shed was no step of its run */
     c->run = above ? 1 : 0;
-    c->last_x = 0;
+    /* The window that showed the change, kept only to be compared with the
+     * next one (after_shed): no reference. */
+    c->last_x = x;
+    c->last_c = conc;
+    c->ref_n = 0;
     c->baseline_us = 0;
     c->next_probe = above ? -1 : +1;
 }
@@ -372,7 +381,7 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     c->run = 0;
     forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
-        shed(c, share_to_shed(before_us, w->service_us, w->service_rse));
+        shed(c, share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
         return;
     }
     reference_is(c, x, conc);
@@ -474,11 +483,27 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     }
 }
 
+/* Whether the last window was the one that showed the work changing and
+ * made the limit shed: shed() keeps it without making it a reference. */
+static int after_shed(const at_limit_t *c)
+{
+    return c->ref_n == 0 && c->last_x > 0;
+}
+
 static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     double service_us = w->service_us;
     int new_pool;
 
+    if (after_shed(c) && work_changed_under_step(c, x, conc)) {
+        /* The window that showed the change caught it early, and the work
+         * went on changing after it: a reference taken now, while it still
+         * grows heavier, would make every step down look as if it cost
+         * throughput. Look again from this window: shed by what the growth
+         * since calls for, or probe up if it turned lighter. */
+        look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
+        return;
+    }
     if (service_changed(c->baseline_us, service_us)) {
         look_again(c, c->baseline_us, w, x, conc);
         return;

@@ -871,7 +871,11 @@ static at_window_t simulate_mix(workload_t *wl, apr_uint32_t limit, apr_uint32_t
  * the level before it, so any step down seems to cost throughput. The
  * limit must still come down to the 2 cores and stay there, not climb
  * back because a step down looked bad (it stayed at 44 - 64 for 30 s in
- * S4 when it judged the first step down against a window of the change). */
+ * S4 when it judged the first step down against a window of the change).
+ * The first window of the change sheds 64 -> 24; the next one, against
+ * which a probe would be judged, shows the service time tripled since: the
+ * limit sheds again from it (at most 4 windows to 4 or less; judging the
+ * probe 24 -> 15 against it, which failed, took up to 15). */
 static void test_follows_work_turning_heavier_gradually(void **state)
 {
     int worst_down = 0;
@@ -907,7 +911,7 @@ static void test_follows_work_turning_heavier_gradually(void **state)
     }
     print_message("work turning heavier over 4 windows: <= 4 after at most %d windows, "
                   "then a mean of at most %.2f\n", worst_down, worst_mean);
-    assert_true(worst_down <= 16);
+    assert_true(worst_down <= 8);
     assert_true(worst_mean <= 3);
 }
 
