@@ -47,7 +47,9 @@ typedef struct {
     double last_x, last_c; /* throughput and concurrency a step is judged
                               against: the windows pooled at the settled
                               level, or the window before in a run of steps */
-    apr_uint32_t ref_n;    /* windows in last_x, last_c */
+    apr_uint32_t ref_n;    /* windows in last_x, last_c; 0 with last_x set:
+                              the window that made the limit shed, kept to
+                              compare the next one with, no reference */
     double baseline_us;    /* service time at the settled level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */

@@ -390,6 +390,19 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     probe(c, +1);
 }
 
+/* Whether the work changed since the window in last_x (the one before a
+ * step, or the one that made the limit shed) by more than the change of
+ * level explains; if it did, the limit looks again from this window. */
+static int look_again_if_changed(at_limit_t *c, const at_window_t *w, double x,
+                                 double conc)
+{
+    if (!work_changed_under_step(c, x, conc)) {
+        return 0;
+    }
+    look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
+    return 1;
+}
+
 /* Across a step down, work that waits keeps its service time, work that
  * computes shortens it in proportion: nearer the first, fewer running
  * lose throughput because the work waits, and more may pay. Below the
@@ -427,10 +440,9 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     int paid, waiting, overshot, was_down = c->dir < 0;
     double failed;
 
-    if (work_changed_under_step(c, x, conc)) {
+    if (look_again_if_changed(c, w, x, conc)) {
         /* The window before the step measured other work: it cannot judge
          * the step. */
-        look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
         return;
     }
     paid = step_paid(c, x, conc, w->service_rse);
@@ -495,13 +507,12 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
     double service_us = w->service_us;
     int new_pool;
 
-    if (after_shed(c) && work_changed_under_step(c, x, conc)) {
+    if (after_shed(c) && look_again_if_changed(c, w, x, conc)) {
         /* The window that showed the change caught it early, and the work
          * went on changing after it: a reference taken now, while it still
          * grows heavier, would make every step down look as if it cost
-         * throughput. Look again from this window: shed by what the growth
-         * since calls for, or probe up if it turned lighter. */
-        look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
+         * throughput. So the limit sheds by what the growth since calls
+         * for, or probes up if the work turned lighter. */
         return;
     }
     if (service_changed(c->baseline_us, service_us)) {
