@@ -18,7 +18,8 @@ bench_setup() {
 
 # bench_start NAME PORT MPM "MODULES" "CONFIGURATION"
 # MODULES: extra module names to load (mod_NAME.so from apxs's LIBEXECDIR);
-# "adaptive_throttle" loads the module from this build tree.
+# "adaptive_throttle" loads the module from this build tree, or the one
+# BENCH_MODULE names (a saved build, to compare two in one session).
 bench_start() {
     local name=$1 port=$2 mpm=$3 modules=$4 conf=$5 m
     bench_dir=$PWD/$out/server-$name
@@ -39,7 +40,7 @@ bench_start() {
         echo "LoadModule mpm_${mpm}_module $moddir/mod_mpm_${mpm}.so"
         for m in authz_core mime $modules; do
             if [ "$m" = adaptive_throttle ]; then
-                echo "LoadModule adaptive_throttle_module $PWD/.libs/mod_adaptive_throttle.so"
+                echo "LoadModule adaptive_throttle_module ${BENCH_MODULE:-$PWD/.libs/mod_adaptive_throttle.so}"
             else
                 echo "LoadModule ${m}_module $moddir/mod_${m}.so"
             fi

@@ -56,6 +56,11 @@ typedef struct {
     int from_hold;         /* the step under test is a probe out of a hold */
     int at_top;            /* the climb found the knee: steps up stopped paying */
     int confirming;        /* windows the probe passed beyond its first */
+    int middle;            /* the step under test is the level between the
+                              climb's long step past the knee and the one
+                              below */
+    int second_look;       /* the climb's long step under test fell a little
+                              short in its first window */
 } at_limit_t;
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
