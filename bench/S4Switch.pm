@@ -5,7 +5,19 @@ package S4Switch;
 use strict;
 use warnings;
 use Exporter 'import';
-our @EXPORT_OK = qw(@PHASES median read_switch settling settling_cells);
+our @EXPORT_OK = qw(@PHASES median read_switch settling settling_cells sleep_handler sleep_tag);
+
+# The sleep-bound handler bench/s4-lib.sh ran (S4_SLEEP), as the reports
+# describe it, and the tag their file names get for it.
+sub sleep_handler {
+    return ($ENV{S4_SLEEP} // 'cgi') eq 'proxy'
+        ? 'a backend waiting 200 ms behind mod_proxy_http (bench/sleep-backend.c; no fork a request)'
+        : 'a CGI sleeping 200 ms';
+}
+
+sub sleep_tag {
+    return ($ENV{S4_SLEEP} // 'cgi') eq 'proxy' ? '-proxy' : '';
+}
 
 # The switch's phases, in order.
 our @PHASES = ('CPU', 'sleep', 'CPU again');

@@ -1,9 +1,45 @@
 # S4's server, load and switch, shared by bench/s4-adaptive and
 # bench/s4-switch. Needs bench/lib.sh sourced and bench_setup run, and
 # $port set.
+#
+# S4_SLEEP picks the sleep-bound handler: "cgi" (default) the CGI sleeping
+# 200 ms, which still forks once a request, so that on two cores its
+# throughput is bound by the forks' CPU from about 30 at once; "proxy" a
+# backend that waits 200 ms (bench/sleep-backend.c) behind mod_proxy_http,
+# which costs no fork and stays sleep-bound up to max. The proxy's results
+# go to files named with -proxy.
+
+# s4_tag is what the result files' names carry.
+case ${S4_SLEEP:=cgi} in
+cgi) s4_sleep_path=/sleep/cpu.cgi s4_tag="" ;;
+proxy) s4_sleep_path=/wait/ s4_tag=-proxy ;;
+*) echo "S4_SLEEP must be cgi or proxy, not '$S4_SLEEP'" >&2; exit 2 ;;
+esac
+export S4_SLEEP
+s4_backend_port=$((port + 1))
+
+# With S4_SLEEP=proxy, the backend, built and started once for the script
+# (bounded to an hour) and stopped by its pid when the script exits.
+s4_backend_start() {
+    [ "$S4_SLEEP" = proxy ] || return 0
+    gcc -O2 -Wall -Wextra -pthread -o "$out/sleep-backend" bench/sleep-backend.c
+    "$out/sleep-backend" -p "$s4_backend_port" -m 200 -d 3600 &
+    s4_backend_pid=$!
+    trap 'kill "$s4_backend_pid" 2>/dev/null || true' EXIT
+    sleep 0.2
+    kill -0 "$s4_backend_pid"
+}
+
+s4_proxy_conf() {
+    [ "$S4_SLEEP" = proxy ] || return 0
+    echo "ProxyPass /wait/ http://127.0.0.1:$s4_backend_port/
+ThrottleHandler proxy-server heavy"
+}
 
 s4_start() { # zone-arguments
-    bench_start s4 "$port" event "cgid alias env adaptive_throttle" "$(bench_event_conf)
+    local modules="cgid alias env adaptive_throttle"
+    [ "$S4_SLEEP" = proxy ] && modules="$modules proxy proxy_http"
+    bench_start s4 "$port" event "$modules" "$(bench_event_conf)
 ScriptAlias /cpu/ \"$PWD/$out/cgi-bin/\"
 ScriptAlias /sleep/ \"$PWD/$out/cgi-bin/\"
 <Directory \"$PWD/$out/cgi-bin\">
@@ -14,6 +50,7 @@ ScriptAlias /sleep/ \"$PWD/$out/cgi-bin/\"
 </Location>
 ThrottleZone heavy $1 queue=100 timeout=30s
 ThrottleHandler cgi-script heavy
+$(s4_proxy_conf)
 <Location /ts>
     SetHandler throttle-status
 </Location>"
@@ -49,7 +86,7 @@ s4_switch() { # dir switch-seconds
     date +%s.%N >> "$dir/switch-t0"
     s4_load "$dir/switch-1" 80 /cpu/cpu.cgi "$switch"
     date +%s.%N >> "$dir/switch-t0"
-    s4_load "$dir/switch-2" 80 /sleep/cpu.cgi "$switch"
+    s4_load "$dir/switch-2" 80 "$s4_sleep_path" "$switch"
     date +%s.%N >> "$dir/switch-t0"
     s4_load "$dir/switch-3" 80 /cpu/cpu.cgi "$switch"
     date +%s.%N >> "$dir/switch-t0"

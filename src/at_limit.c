@@ -370,6 +370,30 @@ static void shed(at_limit_t *c, double share, double x, double conc)
     c->next_probe = above ? -1 : +1;
 }
 
+/* Whether the last window was the one that showed the work changing and
+ * made the limit shed: shed() keeps it without making it a reference. */
+static int after_shed(const at_limit_t *c)
+{
+    return c->ref_n == 0 && c->last_x > 0;
+}
+
+/* Whether a step down (or a shed) that left each request faster than it
+ * explains may have been judged against a level still draining: a shed
+ * from 51 to 13 on 2 cores leaves 51 CGIs burning for over a second, and
+ * the window at 13 after the settling measured them (1.1 s a request;
+ * at 8 next, 0.28 s; in another run 2.2 s at 41, then 0.30 s at 9 after
+ * the shed). Work that computes runs such a level down to its cores,
+ * so the search goes on down from the new window instead of turning up:
+ * in S4's proxied switch the probe up (8 -> 10, 9 -> 10) and the hold
+ * after it kept the limit 5 s above the cores. Work that turned to
+ * waiting loses throughput on that step down and turns the search up at
+ * once (judge_step). At or below the cores, work that computes keeps its
+ * service time, so a shorter one means lighter work: up. */
+static int room_to_go_on_down(const at_limit_t *c)
+{
+    return !under_cores(c, c->limit - 1) && c->limit > c->min;
+}
+
 /* The work changed (a handler turned from waiting to computing, or
  * another program took the cores): what the level was judged by no longer
  * holds, so look again at once rather than after a hold, which at a long
@@ -379,6 +403,8 @@ static void shed(at_limit_t *c, double share, double x, double conc)
 static void look_again(at_limit_t *c, double before_us, const at_window_t *w, double x,
                        double conc)
 {
+    int stepped_down = c->dir < 0 || after_shed(c);
+
     c->hold = 0;
     c->run = 0;
     forget_the_top(c);
@@ -389,6 +415,12 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     reference_is(c, x, conc);
     c->settled = c->limit;
     c->baseline_us = w->service_us;
+    if (stepped_down && room_to_go_on_down(c)) {
+        /* the second step of a run down, as after a shed: 40 % */
+        c->run = 1;
+        probe(c, -1);
+        return;
+    }
     probe(c, +1);
 }
 
@@ -529,13 +561,6 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     }
 }
 
-/* Whether the last window was the one that showed the work changing and
- * made the limit shed: shed() keeps it without making it a reference. */
-static int after_shed(const at_limit_t *c)
-{
-    return c->ref_n == 0 && c->last_x > 0;
-}
-
 static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     double service_us = w->service_us;
@@ -546,7 +571,9 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
          * went on changing after it: a reference taken now, while it still
          * grows heavier, would make every step down look as if it cost
          * throughput. So the limit sheds by what the growth since calls
-         * for, or probes up if the work turned lighter. */
+         * for; if the work turned lighter, the window that made it shed
+         * may have measured the level before still draining, and the
+         * search goes on down unless at the cores (room_to_go_on_down). */
         return;
     }
     if (service_changed(c->baseline_us, service_us)) {
