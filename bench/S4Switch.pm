@@ -9,14 +9,18 @@ our @EXPORT_OK = qw(@PHASES median read_switch settling settling_cells sleep_han
 
 # The sleep-bound handler bench/s4-lib.sh ran (S4_SLEEP), as the reports
 # describe it, and the tag their file names get for it.
+sub proxied {
+    return ($ENV{S4_SLEEP} // 'cgi') eq 'proxy';
+}
+
 sub sleep_handler {
-    return ($ENV{S4_SLEEP} // 'cgi') eq 'proxy'
+    return proxied()
         ? 'a backend waiting 200 ms behind mod_proxy_http (bench/sleep-backend.c; no fork a request)'
         : 'a CGI sleeping 200 ms';
 }
 
 sub sleep_tag {
-    return ($ENV{S4_SLEEP} // 'cgi') eq 'proxy' ? '-proxy' : '';
+    return proxied() ? '-proxy' : '';
 }
 
 # The switch's phases, in order.

@@ -63,34 +63,32 @@ static size_t head_length(const char *buf, size_t n)
     return 0;
 }
 
-/* A header's value as a number, or 0 when the head has no such header. */
-static long header_number(const char *head, const char *name)
+/* A header's value in the head (after its colon and blanks), or NULL. */
+static const char *header_value(const char *head, const char *name)
 {
     size_t len = strlen(name);
 
     for (const char *p = strchr(head, '\n'); p; p = strchr(p, '\n')) {
         p++;
         if (strncasecmp(p, name, len) == 0 && p[len] == ':') {
-            return atol(p + len + 1);
+            for (p += len + 1; *p == ' ' || *p == '\t'; p++) {
+            }
+            return p;
         }
     }
-    return 0;
+    return NULL;
 }
 
+/* Whether the client closes after this request: it says so, or speaks
+ * HTTP/1.0 without asking to keep the connection. */
 static int wants_close(const char *head)
 {
-    for (const char *p = strchr(head, '\n'); p; p = strchr(p, '\n')) {
-        p++;
-        if (strncasecmp(p, "Connection:", 11) == 0) {
-            const char *v = p + 11;
-
-            while (*v == ' ') {
-                v++;
-            }
-            return strncasecmp(v, "close", 5) == 0;
-        }
-    }
+    const char *v = header_value(head, "Connection");
     const char *eol = strstr(head, "\r\n");
+
+    if (v) {
+        return strncasecmp(v, "close", 5) == 0;
+    }
     return eol && eol - head >= 8 && strncmp(eol - 8, "HTTP/1.0", 8) == 0;
 }
 
@@ -127,7 +125,8 @@ static void *serve(void *arg)
         buf[have] = '\0';
         char saved = buf[head];
         buf[head] = '\0';
-        long body = header_number(buf, "Content-Length");
+        const char *length = header_value(buf, "Content-Length");
+        long body = length ? atol(length) : 0;
         int close_after = wants_close(buf);
         buf[head] = saved;
 
@@ -200,7 +199,11 @@ int main(int argc, char **argv)
         pthread_t t;
 
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE) {
+            if (errno == EINTR || errno == ECONNABORTED) {
+                continue;
+            }
+            if (errno == EMFILE || errno == ENFILE) {
+                nap(10); /* until a connection closes, without spinning */
                 continue;
             }
             perror("sleep-backend: accept");

@@ -326,6 +326,13 @@ static double shed_floor(const at_limit_t *c)
     return clamp(c, c->cores);
 }
 
+/* Whether the level runs more requests than a shed may leave: from there
+ * the search goes on down as the second step of a run (40 %). */
+static int above_shed_floor(const at_limit_t *c)
+{
+    return rounded(c->limit) > shed_floor(c);
+}
+
 /* The step down after the work grew is kept without being judged: the
  * window it would be judged against caught the change half done (its
  * requests started while lighter ones ran, so by Little's law it shows
@@ -356,7 +363,7 @@ static void shed(at_limit_t *c, double share, double x, double conc)
         step_by(c, -1, share);
         c->limit = c->limit < floor ? floor : c->limit;
     }
-    above = c->limit > floor;
+    above = above_shed_floor(c);
     c->settled = c->limit;
     c->dir = 0;
     /* at the floor the probe goes up, and the shed was no step of its run */
@@ -375,23 +382,6 @@ static void shed(at_limit_t *c, double share, double x, double conc)
 static int after_shed(const at_limit_t *c)
 {
     return c->ref_n == 0 && c->last_x > 0;
-}
-
-/* Whether a step down (or a shed) that left each request faster than it
- * explains may have been judged against a level still draining: a shed
- * from 51 to 13 on 2 cores leaves 51 CGIs burning for over a second, and
- * the window at 13 after the settling measured them (1.1 s a request;
- * at 8 next, 0.28 s; in another run 2.2 s at 41, then 0.30 s at 9 after
- * the shed). Work that computes runs such a level down to its cores,
- * so the search goes on down from the new window instead of turning up:
- * in S4's proxied switch the probe up (8 -> 10, 9 -> 10) and the hold
- * after it kept the limit 5 s above the cores. Work that turned to
- * waiting loses throughput on that step down and turns the search up at
- * once (judge_step). At or below the cores, work that computes keeps its
- * service time, so a shorter one means lighter work: up. */
-static int room_to_go_on_down(const at_limit_t *c)
-{
-    return !under_cores(c, c->limit - 1) && c->limit > c->min;
 }
 
 /* The work changed (a handler turned from waiting to computing, or
@@ -415,8 +405,17 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     reference_is(c, x, conc);
     c->settled = c->limit;
     c->baseline_us = w->service_us;
-    if (stepped_down && room_to_go_on_down(c)) {
-        /* the second step of a run down, as after a shed: 40 % */
+    if (stepped_down && above_shed_floor(c)) {
+        /* The window may have measured the level before the step still
+         * draining: a shed from 51 to 13 on 2 cores leaves 51 CGIs burning
+         * for over a second, and the window at 13 after the settling
+         * measured them (1.1 s a request; at 8 next, 0.28 s). Work that
+         * computes runs such a level down to its cores, so the search goes
+         * on down, as after a shed; turning up (8 -> 10 in S4's proxied
+         * switch) failed and held the limit 5 s above the cores. Work that
+         * turned to waiting loses throughput on this step and turns the
+         * search up at once (judge_step). At the cores work that computes
+         * keeps its service time, so a shorter one means lighter work: up. */
         c->run = 1;
         probe(c, -1);
         return;
@@ -573,7 +572,7 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
          * throughput. So the limit sheds by what the growth since calls
          * for; if the work turned lighter, the window that made it shed
          * may have measured the level before still draining, and the
-         * search goes on down unless at the cores (room_to_go_on_down). */
+         * search goes on down unless at the cores (above_shed_floor). */
         return;
     }
     if (service_changed(c->baseline_us, service_us)) {
