@@ -25,4 +25,10 @@ apr_status_t at_mem_read(const char *root, apr_uint64_t *avail, at_mem_source_t 
 
 const char *at_mem_source_name(at_mem_source_t source);
 
+/* 1 if readings would fall back on the machine's MemAvailable although the
+ * process sits in a cgroup other than the root whose memory limit cannot
+ * be read (a container whose cgroup files are not mounted): then the
+ * cgroup's path is in path. 0 otherwise. */
+int at_mem_cgroup_unreadable(const char *root, char *path, size_t len);
+
 #endif

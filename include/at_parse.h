@@ -26,9 +26,27 @@ typedef struct {
     apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
     apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
     apr_uint32_t cores;       /* online CPUs, for an automatic limit */
+    apr_uint64_t read_body;   /* body bytes read before a slot is taken; 0: off */
+    apr_uint32_t retry_after_max;  /* ceiling of retry_after=auto; 0: the default */
+    apr_uint32_t client_v6_prefix; /* per_client: IPv6 prefix length; 0: the default */
 } at_zone_conf_t;
 
 #define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */
+
+/* read_body: 64 KiB by default (a form or a JSON document), at most 16 MiB
+ * held in memory per request. */
+#define AT_READ_BODY_DEFAULT (64 * 1024)
+#define AT_READ_BODY_MAX (16 * 1024 * 1024)
+
+/* retry_after=auto never advises more than this many seconds unless
+ * retry_after_max says otherwise: a client told to stay away for minutes
+ * is a client lost. */
+#define AT_RETRY_AFTER_CEILING 30
+
+/* per_client counts IPv6 clients per /64 (one site's subnet) by default;
+ * per_client_v6 takes /32 to /128. */
+#define AT_CLIENT_V6_PREFIX 64
+#define AT_CLIENT_V6_PREFIX_MIN 32
 
 /* limit=auto starts at this many times the online CPUs; its default bounds
  * are 1 and AT_AUTO_MAX_PER_CPU times the online CPUs. */

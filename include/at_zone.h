@@ -30,20 +30,24 @@ typedef enum {
 } at_result_t;
 
 /* Who a request is counted against under per_client: a client address
- * (at_client_key_from_sockaddr). All zero: nobody, never limited. */
-#define AT_CLIENT_KEY_LEN 16
+ * (at_client_key_from_sockaddr), its family in the first byte. All zero:
+ * nobody, never limited. */
+#define AT_CLIENT_KEY_LEN 17
 typedef struct {
     unsigned char b[AT_CLIENT_KEY_LEN];
 } at_client_key_t;
 
-/* IPv4 addresses map to ::ffff:a.b.c.d; IPv6 addresses count per /64, the
- * block one site is given, so one host cannot dodge the limit by hopping
- * through the addresses of its own prefix. */
-void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, at_client_key_t *out);
+/* IPv4 addresses count one by one, and so do IPv6 addresses that carry one
+ * (::ffff:a.b.c.d, ::a.b.c.d). Other IPv6 addresses count per prefix of
+ * v6_prefix bits (0: AT_CLIENT_V6_PREFIX): a host given a /64 cannot dodge
+ * the limit by hopping through the addresses of its subnet. */
+void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefix,
+                                 at_client_key_t *out);
 
 typedef struct {
     apr_int32_t slot;
     apr_int32_t over_cap;   /* dry run: running without a slot */
+    apr_int32_t untimed;    /* an error page's slot: its service time is not the zone's */
     apr_uint64_t ticket;
     apr_int64_t granted_us; /* monotonic */
     apr_int64_t wait_us;
@@ -126,7 +130,10 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 /* Whether an existing zone can take conf without being laid out anew. */
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *conf);
 
-/* Apply a new definition in place, keeping slots, waiters and totals. */
+/* Apply a new definition in place, keeping slots, waiters and totals. It
+ * never waits for the lock, which a stopped or hung process may hold: it
+ * returns APR_SUCCESS if the definition is in force, APR_EBUSY if the
+ * process holding the lock (or the next to take it) will apply it. */
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
 
 at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
@@ -137,6 +144,13 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
 at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
                                 const at_client_key_t *client, at_abort_fn fn,
                                 void *ctx);
+
+/* For an error page of a refused request whose target is itself in this
+ * zone: a slot free at once (AT_ADMITTED), or AT_REJECTED_FULL. It never
+ * waits and never runs over the cap (a dry run answers AT_DRY_RUN_REJECTED
+ * and the page runs without a slot); it counts in no total, and its
+ * service time is not the zone's. Release it with at_zone_release. */
+at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
 
 /* Returns the service time in us, or -1 if the slot had been reclaimed. */
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);
@@ -150,8 +164,21 @@ apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
 
-/* Seconds a rejected client should wait before retrying (>= 1). */
+/* Seconds a rejected client should wait before retrying (>= 1): the fixed
+ * retry_after, or for retry_after=auto at_retry_after_secs() of the zone. */
 apr_uint32_t at_zone_retry_after(at_zone_t *z);
+
+/* retry_after=auto: the time for the queue and one more request to drain,
+ * at the typical service time, in whole seconds from 1 to ceiling (0:
+ * AT_RETRY_AFTER_CEILING). */
+apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
+                                 apr_uint32_t limit, apr_uint32_t ceiling);
+
+/* The typical service time after a request of us: an average that one
+ * request moves by an eighth at most (each sample counts for at most
+ * twice the current value), and that follows work 100 times slower within
+ * 60 requests. 0: nothing measured yet. */
+apr_uint64_t at_typical_service_after(apr_uint64_t typical, apr_int64_t us);
 
 /* Where mem= reads /proc and /sys from: "" (the default) for the real
  * ones; tests point it at a directory laid out the same way. settle_us
@@ -159,9 +186,21 @@ apr_uint32_t at_zone_retry_after(at_zone_t *z);
  * before the first request. */
 void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us);
 
+#ifdef AT_TEST_HOOKS
 /* Fault injection for tests: take the zone lock and never release it. */
 apr_status_t at_zone_debug_take_lock(at_zone_t *z);
+#endif
 
 apr_int64_t at_now_us(void);
+
+#ifdef AT_TEST_HOOKS
+/* Test builds only: called at each step of a hand-off of a slot, so that a
+ * test can end the process there and see what lock repair makes of it. */
+enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL };
+extern void (*at_test_step_hook)(int where, int step);
+#define AT_STEP(where, n) (at_test_step_hook ? at_test_step_hook(where, n) : (void)0)
+#else
+#define AT_STEP(where, n) ((void)0)
+#endif
 
 #endif

@@ -42,6 +42,9 @@ void at_hist_add(at_hist_t *h, apr_int64_t us)
     h->count[bucket_of(us)]++;
     h->n++;
     h->sum_us += (apr_uint64_t)us;
+    if (us > h->max_us) {
+        h->max_us = us;
+    }
 }
 
 void at_hist_merge(at_hist_t *into, const at_hist_t *from)
@@ -53,6 +56,16 @@ void at_hist_merge(at_hist_t *into, const at_hist_t *from)
     }
     into->n += from->n;
     into->sum_us += from->sum_us;
+    if (from->max_us > into->max_us) {
+        into->max_us = from->max_us;
+    }
+}
+
+/* Interpolating inside a bucket can land above every sample in it: the
+ * estimate is capped at the largest sample seen. */
+static apr_int64_t at_most_max(const at_hist_t *h, apr_int64_t us)
+{
+    return us > h->max_us ? h->max_us : us;
 }
 
 apr_int64_t at_hist_quantile(const at_hist_t *h, double q)
@@ -75,11 +88,12 @@ apr_int64_t at_hist_quantile(const at_hist_t *h, double q)
         if (c > 0 && seen + c >= rank) {
             apr_int64_t lo = i ? bounds_us[i - 1] : 0;
             if (i == AT_HIST_BUCKETS - 1) {
-                return lo; /* no upper bound to interpolate towards */
+                return h->max_us; /* no upper bound to interpolate towards */
             }
-            return lo + (apr_int64_t)((double)(bounds_us[i] - lo) * (rank - seen) / c);
+            return at_most_max(h, lo + (apr_int64_t)((double)(bounds_us[i] - lo)
+                                                     * (rank - seen) / c));
         }
         seen += c;
     }
-    return bounds_us[AT_HIST_BUCKETS - 2];
+    return h->max_us;
 }

@@ -233,6 +233,30 @@ apr_status_t at_mem_read(const char *root, apr_uint64_t *avail, at_mem_source_t 
     return APR_SUCCESS;
 }
 
+int at_mem_cgroup_unreadable(const char *root, char *path, size_t len)
+{
+    const cgroup_layout_t *layouts[2] = {&v2_layout, &v1_layout};
+    char dir[PATH_LEN];
+    apr_uint64_t room;
+    int i, limited;
+
+    if (!root) {
+        root = "";
+    }
+    if (cgroup_headroom(root, &v2_layout, &room) == 0
+        || cgroup_headroom(root, &v1_layout, &room) == 0) {
+        return 0; /* a limit was read */
+    }
+    for (i = 0; i < 2; i++) {
+        if (own_cgroup(root, layouts[i]->v1, dir, sizeof(dir)) == 0 && strcmp(dir, "/") != 0
+            && level_headroom(root, layouts[i], dir, &room, &limited) != 0) {
+            snprintf(path, len, "%s", dir);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 const char *at_mem_source_name(at_mem_source_t source)
 {
     switch (source) {

@@ -229,6 +229,36 @@ static const char *parse_mem(apr_pool_t *p, const char *v, at_zone_conf_t *c)
     return at_parse_size(p, v, 1, AT_MEM_MAX, &c->mem_bytes);
 }
 
+static const char *parse_read_body(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    if (strcmp(v, "0") == 0) {
+        c->read_body = 0;
+        return NULL;
+    }
+    return at_parse_size(p, v, 1, AT_READ_BODY_MAX, &c->read_body);
+}
+
+static const char *parse_retry_after_max(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 1, AT_RETRY_AFTER_MAX, &n);
+
+    c->retry_after_max = (apr_uint32_t)n;
+    return err;
+}
+
+/* "/64" or "64". */
+static const char *parse_v6_prefix(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, *v == '/' ? v + 1 : v, AT_CLIENT_V6_PREFIX_MIN, 128, &n);
+
+    c->client_v6_prefix = (apr_uint32_t)n;
+    return err ? apr_psprintf(p, "'%s' is not an IPv6 prefix length from /%d to /128", v,
+                              AT_CLIENT_V6_PREFIX_MIN)
+               : NULL;
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -242,11 +272,24 @@ static const struct {
     {"min", parse_min},
     {"max", parse_max},
     {"mem", parse_mem},
+    {"read_body", parse_read_body},
+    {"retry_after_max", parse_retry_after_max},
+    {"per_client_v6", parse_v6_prefix},
 };
 
-#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem"
+#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, " \
+                 "read_body, retry_after_max, per_client_v6"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
+
+static size_t key_index(const char *name)
+{
+    size_t k;
+
+    for (k = 0; k < NKEYS && strcmp(zone_keys[k].name, name) != 0; k++) {
+    }
+    return k;
+}
 
 static apr_uint32_t online_cpus(void)
 {
@@ -295,7 +338,10 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
                                const char *const *argv, at_zone_conf_t *out)
 {
     at_zone_conf_t c = {.timeout_us = 4 * APR_INT64_C(1000000),
-                        .retry_after = AT_RETRY_AFTER_AUTO};
+                        .retry_after = AT_RETRY_AFTER_AUTO,
+                        .read_body = AT_READ_BODY_DEFAULT,
+                        .retry_after_max = AT_RETRY_AFTER_CEILING,
+                        .client_v6_prefix = AT_CLIENT_V6_PREFIX};
     int seen[NKEYS] = {0};
     const char *auto_err;
     int i;
@@ -332,6 +378,13 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     }
     if (!seen[0]) {
         return "the key 'limit' is required (e.g. limit=4 or limit=auto)";
+    }
+    if (seen[key_index("retry_after_max")] && c.retry_after != AT_RETRY_AFTER_AUTO) {
+        return apr_psprintf(p, "retry_after_max bounds retry_after=auto; with "
+                            "retry_after=%u it has nothing to bound", c.retry_after);
+    }
+    if (seen[key_index("per_client_v6")] && !c.per_client) {
+        return "per_client_v6 goes with per_client=N";
     }
     if ((auto_err = settle_auto_limit(p, &c))) {
         return auto_err;

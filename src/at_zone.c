@@ -32,7 +32,7 @@
 #include <sys/syscall.h>
 #endif
 
-#define ZONE_MAGIC 0x41545a34u /* "ATZ4": with per-client counts, limit=auto, mem= */
+#define ZONE_MAGIC 0x41545a35u /* "ATZ5": client keys with a family, published conf */
 #define NONE (-1)
 
 enum { W_FREE = 0, W_WAITING, W_GRANTED };
@@ -70,7 +70,7 @@ typedef struct {
 struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;
-    apr_uint32_t limit, queue_cap, retry_after, per_client;
+    apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
     apr_int32_t dry_run;
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
@@ -81,6 +81,9 @@ struct at_zone {
     apr_uint64_t next_ticket;
     apr_int64_t last_reclaim_us;
     apr_uint64_t service_ewma_us;
+    /* a running median of service times: what Retry-After and predictive
+     * rejection go by, which one slow request moves by an eighth at most */
+    apr_uint64_t service_med_us;
 
     apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
     apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
@@ -112,7 +115,17 @@ struct at_zone {
     apr_uint64_t mem_pending, mem_freed, mem_early_free;
     apr_uint32_t mem_source, mem_pad;
     apr_uint64_t mem_held, mem_read_errors;
+
+    /* A definition the server's parent published without the lock (a
+     * child may hold it, stopped or hung): the next holder applies it.
+     * conf_seq is odd while the parent writes conf_pending. */
+    apr_uint32_t conf_seq, conf_applied;
+    at_zone_conf_t conf_pending;
 };
+
+#ifdef AT_TEST_HOOKS
+void (*at_test_step_hook)(int where, int step);
+#endif
 
 static at_log_fn logger;
 static const char *mem_root = "";
@@ -195,7 +208,30 @@ static at_client_t *clients(at_zone_t *z)
 
 /* ---- requests per client (lock held) -------------------------------- */
 
-void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, at_client_key_t *out)
+static void key_v4(const unsigned char *a, at_client_key_t *out)
+{
+    out->b[0] = 4;
+    memcpy(out->b + 1, a, 4);
+}
+
+#if APR_HAVE_IPV6
+/* ::ffff:a.b.c.d, or the old ::a.b.c.d (but not :: or ::1). */
+static int embeds_v4(const unsigned char *a)
+{
+    static const unsigned char zero[10];
+
+    if (memcmp(a, zero, 10) != 0) {
+        return 0;
+    }
+    if (a[10] == 0xff && a[11] == 0xff) {
+        return 1;
+    }
+    return a[10] == 0 && a[11] == 0 && (a[12] | a[13] | a[14]) != 0;
+}
+#endif
+
+void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefix,
+                                 at_client_key_t *out)
 {
     memset(out, 0, sizeof(*out));
     if (!sa || !sa->ipaddr_ptr) {
@@ -204,20 +240,21 @@ void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, at_client_key_t *out)
 #if APR_HAVE_IPV6
     if (sa->family == APR_INET6) {
         const unsigned char *a = sa->ipaddr_ptr;
-        static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0,
-                                                   0, 0, 0xff, 0xff};
-        if (memcmp(a, v4mapped, 12) == 0) {
-            memcpy(out->b, a, 16);
+        apr_uint32_t bits = v6_prefix ? v6_prefix : AT_CLIENT_V6_PREFIX, i;
+
+        if (embeds_v4(a)) {
+            key_v4(a + 12, out);
+            return;
         }
-        else {
-            memcpy(out->b, a, 8); /* the /64 */
+        out->b[0] = 6;
+        for (i = 0; i < 16 && bits > 0; i++, bits = bits > 8 ? bits - 8 : 0) {
+            out->b[1 + i] = bits >= 8 ? a[i] : (unsigned char)(a[i] & (0xff << (8 - bits)));
         }
         return;
     }
 #endif
     if (sa->family == APR_INET && sa->ipaddr_len == 4) {
-        out->b[10] = out->b[11] = 0xff;
-        memcpy(out->b + 12, sa->ipaddr_ptr, 4);
+        key_v4(sa->ipaddr_ptr, out);
     }
 }
 
@@ -238,11 +275,12 @@ static apr_uint64_t mix64(apr_uint64_t x)
 
 static apr_uint32_t client_home(const at_zone_t *z, const at_client_key_t *k)
 {
-    apr_uint64_t lo, hi;
+    apr_uint64_t lo = 0, hi = 0;
 
     memcpy(&lo, k->b, 8);
     memcpy(&hi, k->b + 8, 8);
-    return (apr_uint32_t)(mix64(mix64(lo ^ z->client_seed) ^ hi) & (z->nclients - 1));
+    return (apr_uint32_t)(mix64(mix64(mix64(lo ^ z->client_seed) ^ hi) ^ k->b[16])
+                          & (z->nclients - 1));
 }
 
 /* The entry for k, or the empty one where it would go. */
@@ -436,19 +474,39 @@ static void waiter_free(at_zone_t *z, apr_int32_t i)
 
 /* The request's count against its client moves with it, from its waiting
  * record to its slot; it is dropped when it leaves either. */
+static apr_int32_t slot_pop_free(at_zone_t *z)
+{
+    apr_int32_t i = z->free_slot;
+
+    z->free_slot = slots(z)[i].next_free;
+    return i;
+}
+
+/* The owner goes last: a slot with an owner is taken, so a process that
+ * dies half way leaves either a free slot or a whole record. */
+static void slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
+                      apr_uint64_t ticket, const at_client_key_t *client, apr_int64_t now)
+{
+    at_slot_t *s = &slots(z)[i];
+
+    s->ticket = ticket;
+    AT_STEP(AT_STEP_SLOT_FILL, 1);
+    s->since_us = now;
+    s->client = *client;
+    AT_STEP(AT_STEP_SLOT_FILL, 2);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    s->owner = *owner;
+    AT_STEP(AT_STEP_SLOT_FILL, 3);
+    z->active++;
+}
+
 static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
                              apr_uint64_t ticket, const at_client_key_t *client,
                              apr_int64_t now)
 {
-    apr_int32_t i = z->free_slot;
-    at_slot_t *s = &slots(z)[i];
+    apr_int32_t i = slot_pop_free(z);
 
-    z->free_slot = s->next_free;
-    s->ticket = ticket;
-    s->since_us = now;
-    s->client = *client;
-    s->owner = *owner;
-    z->active++;
+    slot_fill(z, i, owner, ticket, client, now);
     return i;
 }
 
@@ -583,8 +641,10 @@ static void mem_note_end(at_zone_t *z, const at_slot_t *s)
     }
 }
 
-/* Hand free capacity to the oldest waiters, one wake-up each. The order of
- * writes lets zone_repair finish a hand-off cut short by a dying process. */
+/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
+ * record names its slot before the slot names its owner, and the grant
+ * comes last: a process that dies anywhere in between leaves a hand-off
+ * that zone_repair completes from the waiter's record. */
 static void dispatch(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -592,13 +652,21 @@ static void dispatch(at_zone_t *z)
 
     while (z->qhead != NONE && z->active < z->limit && z->free_slot != NONE
            && mem_allows(z, now)) {
-        apr_int32_t i = z->qhead;
+        apr_int32_t i = z->qhead, slot;
 
         queue_unlink(z, i);
-        w[i].slot = z->free_slot;
-        slot_take(z, &w[i].owner, w[i].ticket, &w[i].client, now);
+        AT_STEP(AT_STEP_DISPATCH, 1);
+        slot = slot_pop_free(z);
+        AT_STEP(AT_STEP_DISPATCH, 2);
+        w[i].slot = slot;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 3);
+        slot_fill(z, slot, &w[i].owner, w[i].ticket, &w[i].client, now);
         mem_note_start(z);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 4);
         w[i].state = W_GRANTED;
+        AT_STEP(AT_STEP_DISPATCH, 5);
         wake_word(&w[i].wake);
     }
 }
@@ -614,30 +682,43 @@ static int cmp_ticket(const void *a, const void *b, void *wv)
     return ta < tb ? -1 : ta > tb;
 }
 
+/* A hand-off that a dying process started: the waiter's record names the
+ * slot, so the slot is written from it (whatever part of it was written
+ * already) and the waiter is granted. The slot was free when the hand-off
+ * took it, so this never puts the zone over its cap. */
+static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+
+    if (w->slot < 0 || (apr_uint32_t)w->slot >= z->nslots) {
+        w->slot = NONE; /* not a slot: the waiter queues again */
+        return;
+    }
+    slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
+    w->state = W_GRANTED;
+    wake_word(&w->wake);
+}
+
 /* A process died holding the lock: rebuild everything derived from the
- * records, finishing any hand-off that had got as far as taking the slot. */
+ * records, finishing any hand-off that had got as far as naming its slot. */
 static void zone_repair(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
-    at_slot_t *s = slots(z);
     apr_int32_t *order = malloc(sizeof(*order) * (z->nwaiters + 1));
+    apr_int64_t now = at_now_us();
     apr_uint32_t i, n = 0;
 
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (i = 0; i < z->nwaiters; i++) {
+        if (w[i].state == W_WAITING && w[i].slot != NONE) {
+            complete_handoff(z, (apr_int32_t)i, now);
+        }
+    }
     rebuild_free_slots(z);
     z->free_waiter = NONE;
     z->qhead = z->qtail = NONE;
     z->queued = 0;
     for (i = z->nwaiters; i-- > 0;) {
-        if (w[i].state == W_WAITING && w[i].slot != NONE) {
-            if (w[i].slot >= 0 && (apr_uint32_t)w[i].slot < z->nslots
-                && s[w[i].slot].ticket == w[i].ticket) {
-                w[i].state = W_GRANTED;
-                wake_word(&w[i].wake);
-            }
-            else {
-                w[i].slot = NONE;
-            }
-        }
         if (w[i].state == W_WAITING) {
             if (order) {
                 order[n++] = (apr_int32_t)i;
@@ -704,10 +785,15 @@ static void window_reset(at_zone_t *z, apr_int64_t now)
     z->cw_completed = z->cw_refused = 0;
 }
 
+static void apply_published_conf(at_zone_t *z);
+
 static int locked(at_zone_t *z, int rc)
 {
-    if (rc == 0 && z->limit_auto) {
-        window_integrate(z, at_now_us());
+    if (rc == 0) {
+        if (z->limit_auto) {
+            window_integrate(z, at_now_us());
+        }
+        apply_published_conf(z);
     }
     return rc;
 }
@@ -762,6 +848,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->queue_cap = c->queue;
     z->timeout_us = c->timeout_us;
     z->retry_after = c->retry_after;
+    z->retry_after_max = c->retry_after_max;
     z->dry_run = c->dry_run;
     z->mem_bytes = c->mem_bytes;
 }
@@ -815,17 +902,48 @@ int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
            && waiter_records(z->nslots, c->queue) <= z->nwaiters;
 }
 
+/* Only the server's parent writes a definition, one restart at a time;
+ * readers check the sequence around their copy (a seqlock). */
+static void publish_conf(at_zone_t *z, const at_zone_conf_t *c)
+{
+    apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED);
+
+    __atomic_store_n(&z->conf_seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(&z->conf_pending, c, sizeof(*c));
+    __atomic_store_n(&z->conf_seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+/* Lock held: a definition published since the last one applied takes
+ * effect now. One caught being written is taken by a later holder. */
+static void apply_published_conf(at_zone_t *z)
+{
+    apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_ACQUIRE);
+    at_zone_conf_t c;
+
+    if (seq == z->conf_applied || (seq & 1)) {
+        return;
+    }
+    memcpy(&c, &z->conf_pending, sizeof(c));
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED) != seq) {
+        return;
+    }
+    z->conf_applied = seq;
+    apply_conf(z, &c);
+    dispatch(z); /* a raised limit frees waiters at once */
+}
+
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
 {
     if (!at_zone_can_hold(z, c)) {
         return APR_EINVAL;
     }
-    if (zone_lock(z) != 0) {
-        return APR_EGENERAL;
+    publish_conf(z, c);
+    if (zone_trylock(z) != 0) {
+        return APR_EBUSY; /* the holder, or the next one, applies it */
     }
-    apply_conf(z, c);
-    dispatch(z); /* a raised limit frees waiters at once */
-    zone_unlock(z);
+    zone_unlock(z); /* taking the lock applied it */
     return APR_SUCCESS;
 }
 
@@ -971,6 +1089,23 @@ static void record_wait(at_zone_t *z, apr_int64_t us, apr_int64_t now)
     at_hist_add(&z->wait_win[z->win_cur], us);
 }
 
+/* An average that no single request can drag: each sample counts for an
+ * eighth, and for at most twice the current value. A request stuck for
+ * minutes (a trickling upload, a hung backend) moves it by an eighth; work
+ * that really became slower is followed within a few dozen requests. */
+apr_uint64_t at_typical_service_after(apr_uint64_t typical, apr_int64_t us)
+{
+    apr_uint64_t x = us > 0 ? (apr_uint64_t)us : 0;
+
+    if (!typical) {
+        return x ? x : 1;
+    }
+    if (x > 2 * typical) {
+        x = 2 * typical;
+    }
+    return (typical * 7 + x) / 8;
+}
+
 static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
 {
     rotate_windows(z, now);
@@ -979,6 +1114,7 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
     z->service_ewma_us = z->service_ewma_us
                              ? (z->service_ewma_us * 7 + (apr_uint64_t)us) / 8
                              : (apr_uint64_t)us;
+    z->service_med_us = at_typical_service_after(z->service_med_us, us);
 }
 
 /* A request that ends after a change ran partly before it, unless it
@@ -1072,10 +1208,10 @@ static int wait_predicted_too_long(const at_zone_t *z)
 {
     apr_uint64_t est;
 
-    if (!z->limit_auto || !z->service_ewma_us || !z->limit) {
+    if (!z->limit_auto || !z->service_med_us || !z->limit) {
         return 0;
     }
-    est = ((apr_uint64_t)z->queued + 1) * z->service_ewma_us / z->limit;
+    est = ((apr_uint64_t)z->queued + 1) * z->service_med_us / z->limit;
     return est > (apr_uint64_t)z->timeout_us;
 }
 
@@ -1188,6 +1324,13 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     }
 }
 
+static void ticket_clear(at_ticket_t *t, int untimed)
+{
+    memset(t, 0, sizeof(*t));
+    t->slot = NONE;
+    t->untimed = untimed;
+}
+
 at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn abort_fn,
                             void *ctx)
 {
@@ -1204,9 +1347,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     apr_int32_t wi;
     at_result_t r;
 
-    t->slot = NONE;
-    t->over_cap = 0;
-    t->wait_us = 0;
+    ticket_clear(t, 0);
     if (zone_lock(z) != 0) {
         return AT_ERROR;
     }
@@ -1275,6 +1416,45 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     return r;
 }
 
+/* limit=auto: a completed request counts in the current window. */
+static void window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now)
+{
+    if (!z->limit_auto || now < z->cw_start_us) {
+        return;
+    }
+    z->cw_completed++;
+    z->cw_service_us += (double)service;
+    z->cw_service_sq_us += (double)service * (double)service;
+    if ((double)service > z->cw_service_max_us) {
+        z->cw_service_max_us = (double)service;
+    }
+    maybe_close_window(z, now);
+}
+
+at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
+{
+    static const at_client_key_t nobody;
+    apr_int64_t now = at_now_us();
+    at_result_t r = AT_REJECTED_FULL;
+
+    ticket_clear(t, 1);
+    if (zone_lock(z) != 0) {
+        return AT_ERROR;
+    }
+    t->ticket = ++z->next_ticket;
+    if (can_run_now(z, now)) {
+        t->slot = slot_take(z, at_owner_self(), t->ticket, &nobody, now);
+        mem_note_start(z);
+        t->granted_us = now;
+        r = AT_ADMITTED;
+    }
+    else if (z->dry_run) {
+        r = AT_DRY_RUN_REJECTED; /* a dry run never refuses */
+    }
+    zone_unlock(z);
+    return r;
+}
+
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
     apr_int64_t service = -1, now;
@@ -1297,16 +1477,10 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         if (service < 0) {
             service = 0;
         }
-        record_service(z, service, now);
         slot_put(z, t->slot);
-        if (z->limit_auto && now >= z->cw_start_us) {
-            z->cw_completed++;
-            z->cw_service_us += (double)service;
-            z->cw_service_sq_us += (double)service * (double)service;
-            if ((double)service > z->cw_service_max_us) {
-                z->cw_service_max_us = (double)service;
-            }
-            maybe_close_window(z, now);
+        if (!t->untimed) { /* an error page's time is not the zone's work */
+            record_service(z, service, now);
+            window_add_completion(z, service, now);
         }
         dispatch(z);
     }
@@ -1385,20 +1559,31 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     zone_unlock(z);
 }
 
+apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
+                                 apr_uint32_t limit, apr_uint32_t ceiling)
+{
+    /* Time for the queue ahead, and this request, to drain. */
+    apr_uint64_t us = ((apr_uint64_t)queued + 1) * typical_us / (limit ? limit : 1);
+    apr_uint64_t secs = (us + 999999) / 1000000;
+
+    if (!ceiling) {
+        ceiling = AT_RETRY_AFTER_CEILING;
+    }
+    return (apr_uint32_t)(secs < 1 ? 1 : secs > ceiling ? ceiling : secs);
+}
+
 apr_uint32_t at_zone_retry_after(at_zone_t *z)
 {
-    apr_uint64_t us, secs;
-
     if (z->retry_after != AT_RETRY_AFTER_AUTO) {
         return z->retry_after;
     }
-    /* Time for the queue ahead to drain; read without the lock, an estimate. */
-    us = ((apr_uint64_t)z->queued + 1) * z->service_ewma_us / (z->limit ? z->limit : 1);
-    secs = (us + 999999) / 1000000;
-    return (apr_uint32_t)(secs < 1 ? 1 : secs > AT_RETRY_AFTER_MAX ? AT_RETRY_AFTER_MAX : secs);
+    /* Read without the lock: an estimate either way. */
+    return at_retry_after_secs(z->queued, z->service_med_us, z->limit, z->retry_after_max);
 }
 
+#ifdef AT_TEST_HOOKS
 apr_status_t at_zone_debug_take_lock(at_zone_t *z)
 {
     return zone_lock(z) == 0 ? APR_SUCCESS : APR_EGENERAL;
 }
+#endif

@@ -26,6 +26,7 @@
 
 #include "mod_status.h"
 
+#include "at_mem.h"
 #include "at_parse.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
@@ -65,6 +66,7 @@ typedef struct {
     at_ticket_t ticket;
     const char *result;
     int holding;
+    int refused; /* answered 503: what runs next is its ErrorDocument */
 } req_state_t;
 
 /* Segments kept across restarts in the process pool: one per zone name. */
@@ -340,9 +342,11 @@ static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
     }
 }
 
-/* Fault injection for the test suite, armed only from the server's own
- * environment: the first request to reach a zone takes the zone's lock and
- * never lets go, so that a test can kill a process that holds it. */
+#ifdef AT_TEST_HOOKS
+/* Fault injection for the test suite (built into the test module only,
+ * armed from the server's own environment): the first request to reach a
+ * zone takes the zone's lock and never lets go, so that a test can stop or
+ * kill a process that holds it. */
 #define LOCK_HOLDER_ENV "MOD_ADAPTIVE_THROTTLE_TEST_LOCK_HOLDER"
 static const char *lock_holder_file;
 
@@ -352,28 +356,31 @@ static void arm_lock_holder(server_rec *s)
     if (lock_holder_file) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, LOCK_HOLDER_ENV " is set: "
                      "the first throttled request will hang holding a zone's lock "
-                     "(a test of lock recovery; never set it in production)");
+                     "(a test of lock recovery)");
     }
 }
 
-/* For the test suite: mem= reads its /proc and /sys files under this
- * directory instead, so a test can say how much memory is available; the
- * test's requests may also take longer than AT_MEM_SETTLE_US to show their
- * memory there. */
+/* mem= reads its /proc and /sys files under this directory instead, so a
+ * test can say how much memory is available; the test's requests may also
+ * take longer than AT_MEM_SETTLE_US to show their memory there. */
 #define MEM_ROOT_ENV "MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT"
-
 #define MEM_SETTLE_ENV "MOD_ADAPTIVE_THROTTLE_TEST_MEM_SETTLE_MS"
+
+static const char *mem_root(void)
+{
+    const char *root = getenv(MEM_ROOT_ENV);
+
+    return root ? root : "";
+}
 
 static void arm_mem_root(server_rec *s)
 {
-    const char *root = getenv(MEM_ROOT_ENV);
     const char *settle = getenv(MEM_SETTLE_ENV);
 
-    if (root) {
-        at_zone_set_mem_reading(root, settle ? apr_atoi64(settle) * 1000 : -1);
+    if (*mem_root()) {
+        at_zone_set_mem_reading(mem_root(), settle ? apr_atoi64(settle) * 1000 : -1);
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, MEM_ROOT_ENV " is set: mem= "
-                     "reads the available memory under %s (a test; never set it in "
-                     "production)", root);
+                     "reads the available memory under %s (a test)", mem_root());
     }
 }
 
@@ -391,6 +398,40 @@ static void maybe_hang_holding_lock(request_rec *r, at_zone_t *z)
     apr_file_close(f);
     for (;;) {
         pause();
+    }
+}
+#else
+#define arm_lock_holder(s) ((void)0)
+#define arm_mem_root(s) ((void)0)
+#define maybe_hang_holding_lock(r, z) ((void)0)
+static const char *mem_root(void)
+{
+    return "";
+}
+#endif
+
+/* mem= in a container whose cgroup cannot be read would measure the host's
+ * memory without a word: say so once, at startup. */
+static void warn_if_mem_blind(server_rec *s, apr_pool_t *ptemp)
+{
+    const char *zones = NULL;
+    char path[512];
+    apr_hash_index_t *hi;
+
+    for (hi = zone_refs ? apr_hash_first(ptemp, zone_refs) : NULL; hi;
+         hi = apr_hash_next(hi)) {
+        zone_ref_t *ref = apr_hash_this_val(hi);
+
+        if (ref->conf.mem_bytes) {
+            zones = zones ? apr_pstrcat(ptemp, zones, " ", ref->name, NULL) : ref->name;
+        }
+    }
+    if (zones && at_mem_cgroup_unreadable(mem_root(), path, sizeof(path))) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "mem= (zones: %s): this server "
+                     "runs in cgroup %s, whose memory limit cannot be read (is the "
+                     "cgroup filesystem mounted?); mem= measures the machine's "
+                     "MemAvailable instead, which may be far more than the cgroup "
+                     "allows", zones, path);
     }
 }
 
@@ -413,12 +454,18 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
          hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
         at_zone_t *z = apr_hash_get(retained->zones, ref->name, APR_HASH_KEY_STRING);
+        apr_status_t rv = z ? at_zone_reconfigure(z, &ref->conf) : APR_EINVAL;
 
-        if (z && at_zone_can_hold(z, &ref->conf)
-            && at_zone_reconfigure(z, &ref->conf) == APR_SUCCESS) {
+        if (rv == APR_SUCCESS) {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: kept across restart "
                          "(limit %u, queue %u)", ref->name, ref->conf.limit,
                          ref->conf.queue);
+        }
+        else if (APR_STATUS_IS_EBUSY(rv)) {
+            /* The parent never waits on a child: the holder applies it. */
+            ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "zone %s: kept across restart; "
+                         "its lock is held (by a stopped or hung process?), so the new "
+                         "definition applies when the lock is next taken", ref->name);
         }
         else {
             if (z) {
@@ -436,6 +483,7 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
     }
     arm_lock_holder(s);
     arm_mem_root(s);
+    warn_if_mem_blind(s, ptemp);
     return OK;
 }
 
@@ -563,29 +611,24 @@ static apr_status_t release_on_cleanup(void *data)
     return APR_SUCCESS;
 }
 
-/* Releases the slot as soon as the handler's response has been passed on,
- * rather than when the request pool goes, which may be after a slow client
- * has read the last byte. The pool cleanup stays as the backstop. */
+/* Releases the slot once the handler has produced its whole response (the
+ * end of stream reaches this filter), before it is passed on: passing may
+ * wait for a slow client to read it, and the handler's work is done. The
+ * pool cleanup stays as the backstop. */
 static apr_status_t release_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
     req_state_t *st = f->ctx;
     apr_bucket *b;
-    int eos = 0;
-    apr_status_t rv;
 
     for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
          b = APR_BUCKET_NEXT(b)) {
         if (APR_BUCKET_IS_EOS(b)) {
-            eos = 1;
+            release_slot(st);
+            ap_remove_output_filter(f);
             break;
         }
     }
-    rv = ap_pass_brigade(f->next, bb);
-    if (eos) {
-        release_slot(st);
-        ap_remove_output_filter(f);
-    }
-    return rv;
+    return ap_pass_brigade(f->next, bb);
 }
 
 static void export_outcome(request_rec *r, const req_state_t *st)
@@ -612,6 +655,64 @@ static const char *result_name(at_result_t res)
     }
 }
 
+/* The slot goes back when the response has passed (release_filter), or
+ * with the request at the latest. */
+static void hold_slot(request_rec *r, req_state_t *st)
+{
+    st->holding = 1;
+    apr_pool_cleanup_register(r->pool, st, release_on_cleanup, apr_pool_cleanup_null);
+    ap_add_output_filter(RELEASE_FILTER, st, r, r->connection);
+}
+
+/* The ErrorDocument of a refused request. A page outside every zone runs as
+ * always; one whose target is in a zone runs only on a slot free at once,
+ * never queued and never over the cap. Otherwise the client gets httpd's own
+ * 503 page: answering 503 here makes httpd send the refused request's error
+ * response, Retry-After and all. */
+static int run_error_page(request_rec *r, dir_conf_t *d, const req_state_t *refused)
+{
+    zone_ref_t *ref = zone_for_request(r, d);
+    req_state_t *st;
+
+    if (!ref || !ref->zone || bypassed(r, d)) {
+        return DECLINED;
+    }
+    st = apr_pcalloc(r->pool, sizeof(*st));
+    st->ref = ref;
+    switch (at_zone_acquire_now(ref->zone, &st->ticket)) {
+    case AT_ADMITTED:
+        hold_slot(r, st);
+        return DECLINED;
+    case AT_REJECTED_FULL:
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: error page %s not run "
+                      "for a request refused by zone %s: no slot free at once; httpd's "
+                      "own 503 page is sent instead", ref->name, r->uri, refused->ref->name);
+        return HTTP_SERVICE_UNAVAILABLE;
+    default:
+        return DECLINED; /* a dry run, or a broken lock: fail open as always */
+    }
+}
+
+/* A request already decided: an internal redirect of one that holds a slot
+ * (which the new response must release), or the error page of a refused
+ * one. */
+static int handle_redirect(request_rec *r, dir_conf_t *d, req_state_t *st)
+{
+    export_outcome(r, st);
+    if (st->holding) {
+        /* httpd rebuilt the output filters for the new request */
+        ap_add_output_filter(RELEASE_FILTER, st, r, r->connection);
+        return DECLINED;
+    }
+    if (st->refused && r->connection->aborted) {
+        return HTTP_SERVICE_UNAVAILABLE; /* nobody to show a page to */
+    }
+    if (st->refused && r->prev) {
+        return run_error_page(r, d, st);
+    }
+    return DECLINED;
+}
+
 static int throttle_handler(request_rec *r)
 {
     request_rec *top = r;
@@ -620,6 +721,7 @@ static int throttle_handler(request_rec *r)
     req_state_t *st;
     at_client_key_t client;
     at_result_t res;
+    int rc;
 
     if (r->main) {
         return DECLINED;
@@ -627,12 +729,11 @@ static int throttle_handler(request_rec *r)
     while (top->prev) {
         top = top->prev;
     }
+    d = ap_get_module_config(r->per_dir_config, &adaptive_throttle_module);
     st = ap_get_module_config(top->request_config, &adaptive_throttle_module);
     if (st) {
-        export_outcome(r, st); /* an internal redirect: decided already */
-        return DECLINED;
+        return handle_redirect(r, d, st);
     }
-    d = ap_get_module_config(r->per_dir_config, &adaptive_throttle_module);
     if (!(ref = zone_for_request(r, d)) || !ref->zone) {
         return DECLINED;
     }
@@ -644,10 +745,15 @@ static int throttle_handler(request_rec *r)
         export_outcome(r, st);
         return DECLINED;
     }
+    /* A client trickling its body must not hold a slot or a place in the
+     * queue while it does. */
+    if ((rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
+        return rc;
+    }
 
     /* useragent_addr is the connection's peer unless the administrator has
      * told mod_remoteip which proxies to believe. */
-    at_client_key_from_sockaddr(r->useragent_addr, &client);
+    at_client_key_from_sockaddr(r->useragent_addr, ref->conf.client_v6_prefix, &client);
     maybe_hang_holding_lock(r, ref->zone);
     res = at_zone_acquire_for(ref->zone, &st->ticket, &client, client_gone, r);
     st->result = result_name(res);
@@ -663,19 +769,18 @@ static int throttle_handler(request_rec *r)
     case AT_QUEUED:
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED:
-        st->holding = 1;
-        apr_pool_cleanup_register(r->pool, st, release_on_cleanup,
-                                  apr_pool_cleanup_null);
-        ap_add_output_filter(RELEASE_FILTER, st, r, r->connection);
+        hold_slot(r, st);
         return DECLINED;
     case AT_REJECTED_FULL:
     case AT_REJECTED_TIMEOUT:
     case AT_REJECTED_CLIENT:
     case AT_REJECTED_PREDICTED:
+        st->refused = 1;
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
         return HTTP_SERVICE_UNAVAILABLE;
     case AT_ABORTED:
+        st->refused = 1;
         r->connection->keepalive = AP_CONN_CLOSE;
         r->connection->aborted = 1; /* nobody to answer: the handler never runs */
         return HTTP_SERVICE_UNAVAILABLE;
@@ -714,7 +819,8 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
                       "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
                       "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
-                      "[per_client=N] [mem=SIZE]: a shared cap and queue"),
+                      "[per_client=N [per_client_v6=/64]] [mem=SIZE] [read_body=SIZE] "
+                      "[retry_after_max=SECONDS]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
@@ -746,6 +852,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     APR_OPTIONAL_HOOK(ap, status_hook, at_status_section, NULL, NULL, APR_HOOK_MIDDLE);
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);
+    at_body_register();
     at_life_register_hooks();
 }
 

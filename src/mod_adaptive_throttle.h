@@ -9,7 +9,10 @@
 
 #include "at_zone.h"
 
-#define AT_MODULE_VERSION "0.2.0"
+/* From configure.ac's AC_INIT, through the build (Makefile.am). */
+#ifndef AT_MODULE_VERSION
+#define AT_MODULE_VERSION "unknown"
+#endif
 
 /* A zone name as the configuration knows it: every directive naming a zone
  * points at the same ref, and post_config attaches the shared zone to it. */
@@ -38,6 +41,12 @@ at_life_t *at_life_shared(void); /* NULL unless ThrottleChildLifetime is set */
 apr_uint32_t at_life_min(void);
 apr_uint32_t at_life_max(void);
 apr_int64_t at_life_max_age_us(void);
+
+/* read_body=SIZE (mod_adaptive_throttle_body.c): read up to limit bytes of
+ * the body before the request takes a slot, and hand them to the handler
+ * unchanged. OK, or the HTTP status to answer with. */
+int at_read_body_first(request_rec *r, apr_off_t limit);
+void at_body_register(void);
 
 /* Status page: the throttle-status handler and the mod_status section. */
 int at_status_handler(request_rec *r);

@@ -162,12 +162,19 @@ static int is_threaded(void)
            && threaded != AP_MPMQ_NOT_SUPPORTED;
 }
 
+/* Every static of the module starts over with each configuration: a module
+ * built into httpd keeps its statics across restarts, and the age table of
+ * the last generation lived in its configuration pool. */
 static int life_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf;
     (void)plog;
     (void)ptemp;
     memset(&life, 0, sizeof(life));
+    aged = NULL;
+    aged_n = 0;
+    aged_k = 0;
+    last_age_retire_us = 0;
     return OK;
 }
 
@@ -332,7 +339,7 @@ static int life_monitor(apr_pool_t *p, server_rec *s)
     int i, alive = 0, allowed, due;
     (void)p;
 
-    if (!aged) {
+    if (!aged || !life.max_age_us) {
         return DECLINED;
     }
     for (i = 0; i < aged_n; i++) {

@@ -19,11 +19,17 @@
 
 #include "at_hist.h"
 #include "at_life.h"
+#include "at_mem.h"
 #include "at_owner.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
 
 typedef enum { GAUGE, COUNTER } kind_t;
+
+/* Fields that mean something only for zones using a feature: HTML and
+ * ?auto leave them out elsewhere; JSON and Prometheus keep one schema for
+ * every zone (0 where the feature is off). */
+typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM } shown_t;
 
 typedef struct {
     const char *key;   /* ?auto and HTML: Throttle.<zone>.<key> */
@@ -32,13 +38,14 @@ typedef struct {
     const char *label; /* extra Prometheus label, "name=\"value\"", or NULL */
     kind_t kind;
     const char *help;
+    shown_t shown;
 } field_t;
 
 enum {
     F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
-    F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_N,
-    F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_N,
+    F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
+    F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
     F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
@@ -51,50 +58,52 @@ enum {
  * adjacent. prom NULL: not a Prometheus metric of its own (percentiles are
  * derived from the histograms, which are exported whole). */
 static const field_t fields[NFIELDS] = {
-    {"Limit", "limit", "limit", NULL, GAUGE, "Requests of the zone allowed to run at once."},
-    {"LimitMin", "limit_min", "limit_min", NULL, GAUGE, "Lowest value the limit may take."},
-    {"LimitMax", "limit_max", "limit_max", NULL, GAUGE, "Highest value the limit may take."},
-    {"Active", "active", "active", NULL, GAUGE, "Requests running now, holding a slot."},
-    {"Queued", "queued", "queued", NULL, GAUGE, "Requests waiting for a slot now."},
-    {"QueueCapacity", "queue_capacity", "queue_capacity", NULL, GAUGE, "Requests allowed to wait."},
-    {"TimeoutMs", "timeout_ms", NULL, NULL, GAUGE, NULL},
-    {"DryRun", "dry_run", "dry_run", NULL, GAUGE, "1 if the zone only decides and counts (dry_run=on)."},
-    {"OverCap", "over_cap", "over_cap", NULL, GAUGE, "Dry run: requests running beyond the limit now."},
-    {"OldestRunningMs", "oldest_running_ms", NULL, NULL, GAUGE, NULL},
-    {"OldestRunningPid", "oldest_running_pid", NULL, NULL, GAUGE, NULL},
-    {"ServiceMeanMs", "service_mean_ms", NULL, NULL, GAUGE, NULL},
-    {"WaitP50Ms", "wait_p50_ms", NULL, NULL, GAUGE, NULL},
-    {"WaitP90Ms", "wait_p90_ms", NULL, NULL, GAUGE, NULL},
-    {"WaitP99Ms", "wait_p99_ms", NULL, NULL, GAUGE, NULL},
-    {"WaitSamples", "wait_samples", NULL, NULL, GAUGE, NULL},
-    {"ServiceP50Ms", "service_p50_ms", NULL, NULL, GAUGE, NULL},
-    {"ServiceP90Ms", "service_p90_ms", NULL, NULL, GAUGE, NULL},
-    {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL},
-    {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL},
-    {"LimitAuto", "limit_auto", "limit_auto", NULL, GAUGE, "1 if the limit adapts (limit=auto)."},
-    {"LimitHeld", "limit_held", "limit_held", NULL, GAUGE, "limit=auto: the level the limit goes back to after a probe."},
-    {"LimitChanges", "limit_changes", "limit_changes_total", NULL, COUNTER, "Times limit=auto changed the limit."},
-    {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL},
-    {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL},
-    {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit."},
-    {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set)."},
-    {"Mem", "mem_bytes", "mem_bytes", NULL, GAUGE, "Memory a request of the zone needs available to start (mem=); 0: not checked."},
-    {"MemAvailable", "mem_available_bytes", "mem_available_bytes", NULL, GAUGE, "Available memory at the last reading (mem= zones)."},
-    {"MemSource", "mem_source", "mem_source", NULL, GAUGE, "Where the reading came from: 0 none, 1 /proc/meminfo, 2 cgroup v1, 3 cgroup v2."},
-    {"MemReadingAgeMs", "mem_reading_age_ms", NULL, NULL, GAUGE, NULL},
-    {"HeldForMemory", "held_for_memory", "held_for_memory_total", NULL, COUNTER, "Requests that waited though a slot was free, for memory (mem=)."},
-    {"MemReadErrors", "mem_read_errors", "mem_read_errors_total", NULL, COUNTER, "Readings of the available memory that failed (mem= is then not enforced)."},
-    {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting."},
-    {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot."},
-    {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason."},
-    {"RejectedTimeout", "rejected_timeout", "rejected_total", "reason=\"timeout\"", COUNTER, NULL},
-    {"RejectedPredicted", "rejected_predicted", "rejected_total", "reason=\"predicted\"", COUNTER, NULL},
-    {"RejectedClient", "rejected_client", "rejected_total", "reason=\"client\"", COUNTER, NULL},
-    {"Aborted", "aborted", "aborted_total", NULL, COUNTER, "Waiting requests whose client went away."},
-    {"Reclaimed", "reclaimed", "reclaimed_total", NULL, COUNTER, "Slots and queue places given back after their process died."},
-    {"LockRepairs", "lock_repairs", "lock_repairs_total", NULL, COUNTER, "Times the zone was rebuilt after a process died holding its lock."},
-    {"DryRunQueued", "dry_run_queued", "dry_run_total", "would=\"queue\"", COUNTER, "Dry run: requests that would have waited or been rejected."},
-    {"DryRunRejected", "dry_run_rejected", "dry_run_total", "would=\"reject\"", COUNTER, NULL},
+    {"Limit", "limit", "limit", NULL, GAUGE, "Requests of the zone allowed to run at once.", ALWAYS},
+    {"LimitMin", "limit_min", "limit_min", NULL, GAUGE, "Lowest value the limit may take.", IF_AUTO},
+    {"LimitMax", "limit_max", "limit_max", NULL, GAUGE, "Highest value the limit may take.", IF_AUTO},
+    {"Active", "active", "active", NULL, GAUGE, "Requests running now, holding a slot.", ALWAYS},
+    {"Queued", "queued", "queued", NULL, GAUGE, "Requests waiting for a slot now.", ALWAYS},
+    {"QueueCapacity", "queue_capacity", "queue_capacity", NULL, GAUGE, "Requests allowed to wait.", ALWAYS},
+    {"TimeoutMs", "timeout_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"DryRun", "dry_run", "dry_run", NULL, GAUGE, "1 if the zone only decides and counts (dry_run=on).", ALWAYS},
+    {"OverCap", "over_cap", "over_cap", NULL, GAUGE, "Dry run: requests running beyond the limit now.", ALWAYS},
+    {"OldestRunningMs", "oldest_running_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"OldestRunningPid", "oldest_running_pid", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceMeanMs", "service_mean_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"WaitP50Ms", "wait_p50_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"WaitP90Ms", "wait_p90_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"WaitP99Ms", "wait_p99_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"WaitMaxMs", "wait_max_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"WaitSamples", "wait_samples", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceP50Ms", "service_p50_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceP90Ms", "service_p90_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceP99Ms", "service_p99_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceMaxMs", "service_max_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"LimitAuto", "limit_auto", "limit_auto", NULL, GAUGE, "1 if the limit adapts (limit=auto).", IF_AUTO},
+    {"LimitHeld", "limit_held", "limit_held", NULL, GAUGE, "limit=auto: the level the limit goes back to after a probe.", IF_AUTO},
+    {"LimitChanges", "limit_changes", "limit_changes_total", NULL, COUNTER, "Times limit=auto changed the limit.", IF_AUTO},
+    {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
+    {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
+    {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit.", ALWAYS},
+    {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set).", ALWAYS},
+    {"Mem", "mem_bytes", "mem_bytes", NULL, GAUGE, "Memory a request of the zone needs available to start (mem=); 0: not checked.", IF_MEM},
+    {"MemAvailable", "mem_available_bytes", "mem_available_bytes", NULL, GAUGE, "Available memory at the last reading (mem= zones).", IF_MEM},
+    {"MemSource", "mem_source", NULL, NULL, GAUGE, NULL, IF_MEM},
+    {"MemReadingAgeMs", "mem_reading_age_ms", NULL, NULL, GAUGE, NULL, IF_MEM},
+    {"HeldForMemory", "held_for_memory", "held_for_memory_total", NULL, COUNTER, "Requests that waited though a slot was free, for memory (mem=).", IF_MEM},
+    {"MemReadErrors", "mem_read_errors", "mem_read_errors_total", NULL, COUNTER, "Readings of the available memory that failed (mem= is then not enforced).", IF_MEM},
+    {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting.", ALWAYS},
+    {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot.", ALWAYS},
+    {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason.", ALWAYS},
+    {"RejectedTimeout", "rejected_timeout", "rejected_total", "reason=\"timeout\"", COUNTER, NULL, ALWAYS},
+    {"RejectedPredicted", "rejected_predicted", "rejected_total", "reason=\"predicted\"", COUNTER, NULL, ALWAYS},
+    {"RejectedClient", "rejected_client", "rejected_total", "reason=\"client\"", COUNTER, NULL, ALWAYS},
+    {"Aborted", "aborted", "aborted_total", NULL, COUNTER, "Waiting requests whose client went away.", ALWAYS},
+    {"Reclaimed", "reclaimed", "reclaimed_total", NULL, COUNTER, "Slots and queue places given back after their process died.", ALWAYS},
+    {"LockRepairs", "lock_repairs", "lock_repairs_total", NULL, COUNTER, "Times the zone was rebuilt after a process died holding its lock.", ALWAYS},
+    {"DryRunQueued", "dry_run_queued", "dry_run_total", "would=\"queue\"", COUNTER, "Dry run: requests that would have waited or been rejected.", ALWAYS},
+    {"DryRunRejected", "dry_run_rejected", "dry_run_total", "would=\"reject\"", COUNTER, NULL, ALWAYS},
 };
 
 typedef struct {
@@ -133,10 +142,12 @@ static void fill_values(zone_view_t *z)
     v[F_WAIT_P50] = ms(at_hist_quantile(&s->wait_recent, 0.50));
     v[F_WAIT_P90] = ms(at_hist_quantile(&s->wait_recent, 0.90));
     v[F_WAIT_P99] = ms(at_hist_quantile(&s->wait_recent, 0.99));
+    v[F_WAIT_MAX] = ms(s->wait_recent.max_us);
     v[F_WAIT_N] = (double)s->wait_recent.n;
     v[F_SERVICE_P50] = ms(at_hist_quantile(&s->service_recent, 0.50));
     v[F_SERVICE_P90] = ms(at_hist_quantile(&s->service_recent, 0.90));
     v[F_SERVICE_P99] = ms(at_hist_quantile(&s->service_recent, 0.99));
+    v[F_SERVICE_MAX] = ms(s->service_recent.max_us);
     v[F_SERVICE_N] = (double)s->service_recent.n;
     v[F_ADMITTED] = (double)s->admitted;
     v[F_QUEUED_TOTAL] = (double)s->queued_total;
@@ -201,6 +212,25 @@ static const char *num(apr_pool_t *p, double v)
     return apr_psprintf(p, "%.3f", v);
 }
 
+static int field_shown(const zone_view_t *z, int f)
+{
+    switch (fields[f].shown) {
+    case IF_AUTO: return z->s.limit_auto;
+    case IF_MEM: return z->s.mem_bytes > 0;
+    default: return 1;
+    }
+}
+
+/* A field's value as the text formats show it: numbers, but a word for
+ * where the memory reading came from. */
+static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
+{
+    if (f == F_MEM_SOURCE) {
+        return at_mem_source_name((at_mem_source_t)z->s.mem_source);
+    }
+    return num(p, z->v[f]);
+}
+
 /* ---- ?auto: Key: value lines -------------------------------------------- */
 
 static void emit_auto_children(request_rec *r)
@@ -238,8 +268,10 @@ static void emit_auto(request_rec *r, apr_array_header_t *views)
     for (i = 0; i < views->nelts; i++) {
         zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
         for (f = 0; f < NFIELDS; f++) {
-            ap_rprintf(r, "Throttle.%s.%s: %s\n", z->name, fields[f].key,
-                       num(r->pool, z->v[f]));
+            if (field_shown(z, f)) {
+                ap_rprintf(r, "Throttle.%s.%s: %s\n", z->name, fields[f].key,
+                           value_text(r->pool, z, f));
+            }
         }
     }
     emit_auto_children(r);
@@ -260,6 +292,9 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
         for (f = 0; f < NFIELDS; f++) {
             if (f == F_DRY_RUN) {
                 ap_rprintf(r, ",\"dry_run\":%s", z->v[f] ? "true" : "false");
+            }
+            else if (f == F_MEM_SOURCE) {
+                ap_rprintf(r, ",\"mem_source\":\"%s\"", value_text(r->pool, z, f));
             }
             else {
                 ap_rprintf(r, ",\"%s\":%s", fields[f].json, num(r->pool, z->v[f]));
@@ -350,6 +385,14 @@ static void emit_prometheus(request_rec *r, apr_array_header_t *views)
                        num(r->pool, z->v[f]));
         }
     }
+    ap_rputs("# HELP apache_throttle_mem_source Where mem= read the available memory "
+             "(source: none, meminfo, cgroup1, cgroup2).\n"
+             "# TYPE apache_throttle_mem_source gauge\n", r);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        ap_rprintf(r, "apache_throttle_mem_source{zone=\"%s\",source=\"%s\"} 1\n", z->name,
+                   value_text(r->pool, z, F_MEM_SOURCE));
+    }
     ap_rputs("# HELP apache_throttle_timeout_seconds Longest wait in the queue.\n"
              "# TYPE apache_throttle_timeout_seconds gauge\n", r);
     for (i = 0; i < views->nelts; i++) {
@@ -405,10 +448,19 @@ static void emit_html_table(request_rec *r, apr_array_header_t *views)
     }
     ap_rputs("</tr>\n", r);
     for (f = 0; f < NFIELDS; f++) {
+        int any = 0;
+
+        for (i = 0; i < views->nelts; i++) {
+            any |= field_shown(&APR_ARRAY_IDX(views, i, zone_view_t), f);
+        }
+        if (!any) {
+            continue;
+        }
         ap_rprintf(r, "<tr><td>%s</td>", fields[f].key);
         for (i = 0; i < views->nelts; i++) {
+            zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
             ap_rprintf(r, "<td align=\"right\">%s</td>",
-                       num(r->pool, APR_ARRAY_IDX(views, i, zone_view_t).v[f]));
+                       field_shown(z, f) ? value_text(r->pool, z, f) : "&ndash;");
         }
         ap_rputs("</tr>\n", r);
     }

@@ -195,8 +195,9 @@ sub restarts_seen {
 # suite's own configuration (minus those named in $opt{without}) and the
 # given configuration lines; it is up when $opt{ready} (default /hello.txt)
 # answers 200; $opt{cgi_not_cgid} loads mod_cgi where the suite has
-# mod_cgid. Returns { dir, port, pid, get(path), stop(), log() }. It is
-# stopped by pid, and only by the test that started it.
+# mod_cgid; $opt{env} adds variables to the server's environment. Returns
+# { dir, port, pid, get(path), stop(), log() }. It is stopped by pid, and
+# only by the test that started it.
 sub private_server {
     my ($conf, %opt) = @_;
     my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
@@ -240,9 +241,11 @@ CONF
     close $doc;
     chmod 0644, "$dir/hello.txt";
     my $read = sub { my $f = shift; local (@ARGV, $/) = ($f); -f $f ? <> : '' };
-    # The suite's memory cgroup layout is for the main server's mem= zones.
+    # The suite's memory cgroup layout is for the main server's mem= zones;
+    # $opt{env} sets the private server's own.
     local $ENV{MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT};
     delete $ENV{MOD_ADAPTIVE_THROTTLE_TEST_MEM_ROOT};
+    local @ENV{keys %{ $opt{env} || {} }} = values %{ $opt{env} || {} };
     system($httpd, '-d', $dir, '-f', "$dir/httpd.conf", '-k', 'start') == 0
         or die 'private httpd did not start: ' . $read->("$dir/error_log");
     my $srv = { dir => $dir, port => $port };

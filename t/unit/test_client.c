@@ -27,8 +27,8 @@
 static at_zone_t *zone_per_client(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_uint32_t per_client)
 {
-    at_zone_conf_t c = {limit, queue, 10000 * MS, AT_RETRY_AFTER_AUTO,
-                        0, per_client, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 10000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .per_client = per_client};
 
     return zone_new_conf(&c);
 }
@@ -216,7 +216,8 @@ static void test_lock_repair_recounts(void **state)
 /* Turning per_client on in place counts the requests already in. */
 static void test_enabled_by_reconfigure(void **state)
 {
-    at_zone_conf_t c = {4, 0, 100 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = 4, .timeout_us = 100 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
     at_zone_t *z = zone_new_conf(&c);
     at_client_key_t a = key_of(3);
     at_ticket_t t1, t2;
@@ -232,19 +233,32 @@ static void test_enabled_by_reconfigure(void **state)
     zone_free(z);
 }
 
-static at_client_key_t key_of_text(apr_pool_t *p, const char *ip)
+static at_client_key_t key_at(apr_pool_t *p, const char *ip, apr_uint32_t v6_prefix)
 {
     apr_sockaddr_t *sa;
     at_client_key_t k;
 
     assert_int_equal(apr_sockaddr_info_get(&sa, ip, APR_UNSPEC, 80, APR_IPV4_ADDR_OK, p),
                      APR_SUCCESS);
-    at_client_key_from_sockaddr(sa, &k);
+    at_client_key_from_sockaddr(sa, v6_prefix, &k);
     return k;
+}
+
+static at_client_key_t key_of_text(apr_pool_t *p, const char *ip)
+{
+    return key_at(p, ip, 0);
+}
+
+static int same_client(apr_pool_t *p, const char *a, const char *b, apr_uint32_t prefix)
+{
+    at_client_key_t ka = key_at(p, a, prefix), kb = key_at(p, b, prefix);
+
+    return memcmp(&ka, &kb, sizeof(ka)) == 0;
 }
 
 static void test_keys_from_addresses(void **state)
 {
+    static const at_client_key_t nobody;
     apr_pool_t *p;
     at_client_key_t k1, k2;
     (void)state;
@@ -253,6 +267,8 @@ static void test_keys_from_addresses(void **state)
     k1 = key_of_text(p, "192.0.2.1");
     k2 = key_of_text(p, "::ffff:192.0.2.1");
     assert_memory_equal(&k1, &k2, sizeof(k1)); /* the same host either way */
+    k2 = key_of_text(p, "::192.0.2.1"); /* IPv4-compatible */
+    assert_memory_equal(&k1, &k2, sizeof(k1));
     k2 = key_of_text(p, "192.0.2.2");
     assert_memory_not_equal(&k1, &k2, sizeof(k1));
     k1 = key_of_text(p, "2001:db8:1:2::1");
@@ -260,9 +276,56 @@ static void test_keys_from_addresses(void **state)
     assert_memory_equal(&k1, &k2, sizeof(k1)); /* one /64, one client */
     k2 = key_of_text(p, "2001:db8:1:3::1");
     assert_memory_not_equal(&k1, &k2, sizeof(k1));
-    at_client_key_from_sockaddr(NULL, &k1);
-    memset(&k2, 0, sizeof(k2));
-    assert_memory_equal(&k1, &k2, sizeof(k1));
+    at_client_key_from_sockaddr(NULL, 0, &k1);
+    assert_memory_equal(&k1, &nobody, sizeof(k1));
+    apr_pool_destroy(p);
+}
+
+/* ::1 and the addresses that carry IPv4 have all-zero first 64 bits: keyed
+ * by the /64 alone they were "nobody", never limited. The key carries the
+ * family, and the prefix is the zone's. */
+static void test_ipv6_keys_are_somebody(void **state)
+{
+    static const at_client_key_t nobody;
+    apr_pool_t *p;
+    at_client_key_t k;
+    (void)state;
+
+    apr_pool_create(&p, NULL);
+    k = key_of_text(p, "::1");
+    assert_memory_not_equal(&k, &nobody, sizeof(k));
+    k = key_of_text(p, "::ffff:127.0.0.1");
+    assert_memory_not_equal(&k, &nobody, sizeof(k));
+    assert_false(same_client(p, "::1", "::ffff:0.0.0.1", 64));
+    assert_false(same_client(p, "::1", "0.0.0.1", 64)); /* families differ */
+    /* Two addresses of one /64: one client at /64, two at /128. */
+    assert_true(same_client(p, "2001:db8:a:b::10", "2001:db8:a:b::20", 64));
+    assert_false(same_client(p, "2001:db8:a:b::10", "2001:db8:a:b::20", 128));
+    /* A /48 is one client at /48, 65,536 at /64. */
+    assert_true(same_client(p, "2001:db8:a:1::1", "2001:db8:a:ffff::1", 48));
+    assert_false(same_client(p, "2001:db8:a:1::1", "2001:db8:a:ffff::1", 64));
+    /* A prefix that ends inside a byte masks only the bits past it. */
+    assert_true(same_client(p, "2001:db8:a:b1::1", "2001:db8:a:b0::1", 60));
+    assert_false(same_client(p, "2001:db8:a:c0::1", "2001:db8:a:b0::1", 60));
+    apr_pool_destroy(p);
+}
+
+/* per_client=1 holds for ::1 (it never did: its key was "nobody"). */
+static void test_loopback_v6_is_limited(void **state)
+{
+    apr_pool_t *p;
+    at_zone_conf_t c = {.limit = 4, .queue = 4, .timeout_us = 1000000, .per_client = 1};
+    at_zone_t *z = zone_new_conf(&c);
+    at_client_key_t k;
+    at_ticket_t t1, t2;
+    (void)state;
+
+    apr_pool_create(&p, NULL);
+    k = key_of_text(p, "::1");
+    assert_int_equal(at_zone_acquire_for(z, &t1, &k, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_for(z, &t2, &k, NULL, NULL), AT_REJECTED_CLIENT);
+    at_zone_release(z, &t1);
+    zone_free(z);
     apr_pool_destroy(p);
 }
 
@@ -276,6 +339,8 @@ int main(void)
         cmocka_unit_test(test_lock_repair_recounts),
         cmocka_unit_test(test_enabled_by_reconfigure),
         cmocka_unit_test(test_keys_from_addresses),
+        cmocka_unit_test(test_ipv6_keys_are_somebody),
+        cmocka_unit_test(test_loopback_v6_is_limited),
     };
 
     apr_initialize();

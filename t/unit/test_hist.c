@@ -165,6 +165,34 @@ static void test_merge(void **state)
     assert_same_bucket(at_hist_quantile(&a, 0.75), 100000);
 }
 
+/* Waits spread below 1 s: interpolating inside the 500 ms - 1 s bucket put
+ * the p99 at 990 ms when the longest wait was 939 ms. No percentile may
+ * exceed the largest sample, and the largest sample is kept. */
+static void test_percentiles_never_exceed_the_largest_sample(void **state)
+{
+    at_hist_t h, m;
+    (void)state;
+
+    memset(&h, 0, sizeof(h));
+    for (int i = 0; i < 100; i++) {
+        at_hist_add(&h, i < 60 ? 100000 + i * 1000 : 600000 + (i - 60) * 8500);
+    }
+    assert_int_equal(h.max_us, 600000 + 39 * 8500);
+    for (double q = 0.5; q <= 1.0; q += 0.01) {
+        assert_true(at_hist_quantile(&h, q) <= h.max_us);
+    }
+    assert_true(at_hist_quantile(&h, 0.99) >= 600000);
+    /* The unbounded last bucket reports the largest sample, not its floor. */
+    memset(&h, 0, sizeof(h));
+    at_hist_add(&h, 90 * APR_INT64_C(1000000));
+    assert_int_equal(at_hist_quantile(&h, 0.5), 90 * APR_INT64_C(1000000));
+    /* A merge keeps the larger maximum. */
+    memset(&m, 0, sizeof(m));
+    at_hist_add(&m, 5000);
+    at_hist_merge(&m, &h);
+    assert_int_equal(m.max_us, 90 * APR_INT64_C(1000000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +202,7 @@ int main(void)
         cmocka_unit_test(test_exponential),
         cmocka_unit_test(test_bimodal_tail),
         cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_percentiles_never_exceed_the_largest_sample),
     };
 
     return cmocka_run_group_tests_name("hist", tests, NULL, NULL);

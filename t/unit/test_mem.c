@@ -149,6 +149,40 @@ static void test_cgroup1(void **state)
     assert_true(read_avail(AT_MEM_MEMINFO) == 10240 * MiB);
 }
 
+/* In a container whose cgroup files are not mounted, readings silently
+ * measure the host's MemAvailable: that case is told apart, so the module
+ * can warn at startup. */
+static void test_blind_cgroup_is_told(void **state)
+{
+    char path[256] = "";
+    (void)state;
+
+    meminfo(10240 * MiB);
+    put("/proc/self/cgroup", "0::/kubepods/pod1/httpd\n");
+    assert_int_equal(at_mem_cgroup_unreadable(root, path, sizeof(path)), 1);
+    assert_string_equal(path, "/kubepods/pod1/httpd");
+    (void)read_avail(AT_MEM_MEMINFO); /* what the zone would use meanwhile */
+
+    /* Mounted and unlimited: nothing to warn about. */
+    put("/sys/fs/cgroup/kubepods/pod1/httpd/memory.max", "max\n");
+    assert_int_equal(at_mem_cgroup_unreadable(root, path, sizeof(path)), 0);
+    /* Mounted and limited. */
+    put("/sys/fs/cgroup/kubepods/pod1/httpd/memory.max", "%llu\n", 512 * MiB);
+    put("/sys/fs/cgroup/kubepods/pod1/httpd/memory.current", "%llu\n", 12 * MiB);
+    assert_int_equal(at_mem_cgroup_unreadable(root, path, sizeof(path)), 0);
+}
+
+/* The root cgroup (a host, or a cgroup namespace) is not a blind spot. */
+static void test_root_cgroup_is_not_blind(void **state)
+{
+    char path[256] = "";
+    (void)state;
+
+    meminfo(10240 * MiB);
+    put("/proc/self/cgroup", "0::/\n");
+    assert_int_equal(at_mem_cgroup_unreadable(root, path, sizeof(path)), 0);
+}
+
 static void test_unreadable(void **state)
 {
     apr_uint64_t avail;
@@ -168,8 +202,8 @@ static void test_unreadable(void **state)
 static at_zone_t *zone_mem(apr_uint32_t limit, apr_uint32_t queue, apr_uint64_t mem,
                            apr_int64_t settle_us)
 {
-    at_zone_conf_t c = {limit, queue, 5000 * MS, AT_RETRY_AFTER_AUTO,
-                        0, 0, 0, 0, 0, mem, 0};
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 5000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .mem_bytes = mem};
 
     at_zone_set_mem_reading(root, settle_us);
     return zone_new_conf(&c);
@@ -323,8 +357,8 @@ static void test_settled_requests_are_in_the_reading(void **state)
  * start on memory that b and c have been promised. */
 static void test_early_free_not_counted_twice(void **state)
 {
-    at_zone_conf_t c = {8, 0, 5000 * MS, AT_RETRY_AFTER_AUTO,
-                        0, 0, 0, 0, 0, 400 * MiB, 0};
+    at_zone_conf_t c = {.limit = 8, .timeout_us = 5000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .mem_bytes = 400 * MiB};
     at_zone_t *z;
     at_ticket_t ta, tb, tc, td;
     (void)state;
@@ -352,7 +386,8 @@ static void test_early_free_not_counted_twice(void **state)
 /* Waiters held for memory still time out, and leave their places. */
 static void test_timeout_while_held(void **state)
 {
-    at_zone_conf_t c = {4, 4, 150 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 300 * MiB, 0};
+    at_zone_conf_t c = {.limit = 4, .queue = 4, .timeout_us = 150 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .mem_bytes = 300 * MiB};
     at_zone_t *z;
     at_ticket_t t;
     (void)state;
@@ -405,6 +440,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cgroup2, fresh_root, remove_root),
         cmocka_unit_test_setup_teardown(test_cgroup1, fresh_root, remove_root),
         cmocka_unit_test_setup_teardown(test_unreadable, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_blind_cgroup_is_told, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_root_cgroup_is_not_blind, fresh_root,
+                                        remove_root),
         cmocka_unit_test_setup_teardown(test_held_until_memory_frees, fresh_root,
                                         remove_root),
         cmocka_unit_test_setup_teardown(test_burst_cannot_overshoot, fresh_root,

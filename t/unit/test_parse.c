@@ -41,6 +41,9 @@ static void test_defaults(void **state)
     assert_int_equal(c.queue, 40);
     assert_int_equal(c.timeout_us, 4000000);
     assert_int_equal(c.retry_after, AT_RETRY_AFTER_AUTO);
+    assert_int_equal(c.read_body, 64 * 1024);
+    assert_int_equal(c.retry_after_max, 30);
+    assert_int_equal(c.client_v6_prefix, 64);
 
     assert_null(parse_line("limit=100000", &c));
     assert_int_equal(c.queue, AT_QUEUE_MAX); /* 10 x limit, capped */
@@ -180,6 +183,16 @@ static void test_refused(void **state)
         {"limit=1 mem=M", "M"},
         {"limit=1 mem=1025T", "1025T"},
         {"limit=1 mem=99999999999999999999999", "99999999999999999999999"},
+        {"limit=1 read_body=-1", "-1"},
+        {"limit=1 read_body=17M", "17M"},
+        {"limit=1 read_body=lots", "lots"},
+        {"limit=1 retry_after_max=0", "0"},
+        {"limit=1 retry_after_max=86401", "86401"},
+        {"limit=1 retry_after=5 retry_after_max=10", "retry_after=5"},
+        {"limit=1 per_client=1 per_client_v6=/31", "/31"},
+        {"limit=1 per_client=1 per_client_v6=/129", "/129"},
+        {"limit=1 per_client=1 per_client_v6=//64", "//64"},
+        {"limit=1 per_client_v6=/64", "per_client=N"},
     };
     (void)state;
 
@@ -191,6 +204,22 @@ static void test_refused(void **state)
             fail_msg("'%s' gave %s", bad[i].line, err ? err : "no error");
         }
     }
+}
+
+static void test_hardening_keys(void **state)
+{
+    at_zone_conf_t c;
+    (void)state;
+
+    assert_null(parse_line("limit=2 read_body=0", &c));
+    assert_int_equal(c.read_body, 0);
+    assert_null(parse_line("limit=2 read_body=1M retry_after_max=120", &c));
+    assert_int_equal(c.read_body, 1024 * 1024);
+    assert_int_equal(c.retry_after_max, 120);
+    assert_null(parse_line("limit=2 per_client=1 per_client_v6=/128", &c));
+    assert_int_equal(c.client_v6_prefix, 128);
+    assert_null(parse_line("limit=2 per_client=1 per_client_v6=48", &c));
+    assert_int_equal(c.client_v6_prefix, 48);
 }
 
 static void test_zone_names(void **state)
@@ -219,6 +248,7 @@ int main(void)
         cmocka_unit_test(test_auto_limit),
         cmocka_unit_test(test_mem_sizes),
         cmocka_unit_test(test_zone_names),
+        cmocka_unit_test(test_hardening_keys),
     };
     int rc;
 

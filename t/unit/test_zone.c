@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -343,7 +344,8 @@ static void test_lock_holder_dies(void **state)
 
 static void test_reconfigure_keeps_state(void **state)
 {
-    at_zone_conf_t c = {1, 4, 5000 * MS, AT_RETRY_AFTER_AUTO, 0, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 5000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
     apr_size_t size = at_zone_size(4, 8);
     at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -374,7 +376,7 @@ static void test_reconfigure_keeps_state(void **state)
 
 static void test_retry_after(void **state)
 {
-    at_zone_conf_t c = {2, 4, 1000 * MS, 7, 0, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = 2, .queue = 4, .timeout_us = 1000 * MS, .retry_after = 7};
     at_zone_t *z = zone_new(2, 4, 1000 * MS);
     (void)state;
 
@@ -384,9 +386,233 @@ static void test_retry_after(void **state)
     zone_free(z);
 }
 
+/* retry_after=auto: one request stuck for minutes moves the typical
+ * service time by an eighth, not in proportion (an average of 20 ms
+ * requests that met one of 10 minutes used to advise 10 waiting clients to
+ * stay away 13 minutes); and the advice never exceeds the ceiling. */
+static void test_retry_after_resists_one_slow_request(void **state)
+{
+    apr_uint64_t typical = 0, before;
+    int i;
+    (void)state;
+
+    for (i = 0; i < 50; i++) {
+        typical = at_typical_service_after(typical, 20 * MS);
+    }
+    assert_int_equal(typical, 20 * MS);
+    before = typical;
+    typical = at_typical_service_after(typical, 600 * APR_INT64_C(1000000));
+    assert_true(typical <= before + before / 8);
+    assert_int_equal(at_retry_after_secs(10, typical, 1, 0), 1);
+    /* Work that really slows down 100-fold is followed within 60 requests. */
+    for (i = 0; i < 60; i++) {
+        typical = at_typical_service_after(typical, 2000 * MS);
+    }
+    assert_true(typical > 1800 * MS && typical <= 2000 * MS);
+    /* The ceiling: 30 s unless the zone says otherwise. */
+    assert_int_equal(at_retry_after_secs(100, 2000 * MS, 1, 0), 30);
+    assert_int_equal(at_retry_after_secs(100, 2000 * MS, 1, 120), 120);
+    assert_int_equal(at_retry_after_secs(100, 2000 * MS, 1, 5), 5);
+    assert_int_equal(at_retry_after_secs(3, 2000 * MS, 2, 0), 4);
+    assert_int_equal(at_retry_after_secs(0, 0, 1, 0), 1);
+}
+
+/* An ErrorDocument whose target is in the zone: a free slot at once or
+ * nothing; it never waits, counts in no total and adds no service time. */
+static void test_error_page_takes_only_a_free_slot(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, 1000 * MS);
+    at_ticket_t hold, page;
+    at_zone_stats_t before, after;
+    apr_int64_t t0;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    before = stats_of(z);
+    t0 = at_now_us();
+    assert_int_equal(at_zone_acquire_now(z, &page), AT_REJECTED_FULL);
+    assert_true(at_now_us() - t0 < 100 * MS); /* it did not wait */
+    after = stats_of(z);
+    assert_int_equal(after.active, 1);
+    assert_int_equal(after.queued, 0);
+    assert_int_equal(after.rejected_full, before.rejected_full);
+    at_zone_release(z, &hold);
+    before = stats_of(z);
+    assert_int_equal(at_zone_acquire_now(z, &page), AT_ADMITTED);
+    assert_int_equal(active_now(z), 1);
+    assert_int_equal(at_zone_acquire_now(z, &hold), AT_REJECTED_FULL);
+    usleep(20 * MS);
+    at_zone_release(z, &page);
+    after = stats_of(z);
+    assert_int_equal(after.active, 0);
+    assert_int_equal(after.admitted, before.admitted);
+    assert_int_equal(after.service_all.n, before.service_all.n);
+    zone_free(z);
+}
+
+/* The parent never waits for the lock: with the lock held by a stopped
+ * process, a new definition is published at once and applied by the next
+ * process to take the lock. */
+static void test_reconfigure_does_not_wait_for_the_lock(void **state)
+{
+    at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 1000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
+    at_zone_t *z = zone_new_conf(&c);
+    at_ticket_t t[3];
+    apr_int64_t t0, took;
+    int fd[2];
+    char ch;
+    pid_t holder;
+    (void)state;
+
+    assert_int_equal(pipe(fd), 0);
+    holder = fork();
+    if (holder == 0) {
+        at_zone_debug_take_lock(z);
+        if (write(fd[1], "y", 1) != 1) {
+            _exit(2);
+        }
+        for (;;) {
+            pause();
+        }
+    }
+    assert_int_equal(read(fd[0], &ch, 1), 1);
+    kill(holder, SIGSTOP);
+    c.limit = 3;
+    t0 = at_now_us();
+    assert_int_equal(at_zone_reconfigure(z, &c), APR_EBUSY);
+    took = at_now_us() - t0;
+    assert_true(took < 100 * MS);
+    /* The holder dies; the next to take the lock applies the definition. */
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(at_zone_acquire(z, &t[i], NULL, NULL), AT_ADMITTED);
+    }
+    assert_int_equal(stats_of(z).limit, 3);
+    assert_int_equal(stats_of(z).lock_repairs, 1);
+    for (int i = 0; i < 3; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    /* With the lock free, it applies at once. */
+    c.limit = 2;
+    assert_int_equal(at_zone_reconfigure(z, &c), APR_SUCCESS);
+    assert_int_equal(stats_of(z).limit, 2);
+    close(fd[0]);
+    close(fd[1]);
+    zone_free(z);
+}
+
+/* A process that dies at any store of a hand-off (the releaser giving its
+ * slot to the oldest waiter) leaves the zone whole: the waiter gets the
+ * slot, the zone is never over its cap, and every count is exact after. */
+static int die_where, die_step;
+
+static void die_here(int where, int step)
+{
+    if (where == die_where && step == die_step) {
+        _exit(0);
+    }
+}
+
+static void handoff_interrupted_at(int where, int step)
+{
+    at_zone_t *z = zone_new(1, 4, 10000 * MS);
+    int go[2], res[2], status;
+    char ch;
+    pid_t releaser, waiter;
+    at_ticket_t t[2];
+    apr_uint32_t peak = 0;
+    apr_int64_t t0;
+
+    assert_non_null(z);
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(res), 0);
+    releaser = fork();
+    if (releaser == 0) {
+        at_ticket_t mine;
+        if (at_zone_acquire(z, &mine, NULL, NULL) != AT_ADMITTED
+            || write(res[1], "r", 1) != 1 || read(go[0], &ch, 1) != 1) {
+            _exit(2);
+        }
+        die_where = where;
+        die_step = step;
+        at_test_step_hook = die_here;
+        at_zone_release(z, &mine);
+        _exit(1); /* the step was never reached */
+    }
+    assert_int_equal(read(res[0], &ch, 1), 1);
+    waiter = fork();
+    if (waiter == 0) {
+        at_ticket_t mine;
+        char r = at_zone_acquire(z, &mine, NULL, NULL) == AT_QUEUED ? 'q' : 'x';
+        if (write(res[1], &r, 1) != 1) {
+            _exit(2);
+        }
+        usleep(20 * MS);
+        at_zone_release(z, &mine);
+        _exit(0);
+    }
+    wait_until_queued(z, 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    assert_int_equal(waitpid(releaser, &status, 0), releaser);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0) {
+        fail_msg("step %d.%d was never reached", where, step);
+    }
+    /* The waiter is admitted; meanwhile the cap holds. */
+    t0 = at_now_us();
+    for (;;) {
+        at_zone_stats_t s = stats_of(z);
+        struct timeval tv = {0, 1000};
+        fd_set rd;
+
+        if (s.active > peak) {
+            peak = s.active;
+        }
+        FD_ZERO(&rd);
+        FD_SET(res[0], &rd);
+        if (select(res[0] + 1, &rd, NULL, NULL, &tv) > 0) {
+            break;
+        }
+        if (at_now_us() - t0 > 5000 * MS) {
+            fail_msg("step %d.%d: the waiter never got the slot", where, step);
+        }
+    }
+    assert_int_equal(read(res[0], &ch, 1), 1);
+    if (ch != 'q') {
+        fail_msg("step %d.%d: the waiter was not admitted", where, step);
+    }
+    waitpid(waiter, NULL, 0);
+    assert_true(peak <= 1);
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).queued, 0);
+    assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_now(z, &t[1]), AT_REJECTED_FULL); /* the cap, exactly */
+    assert_int_equal(stats_of(z).active, 1);
+    at_zone_release(z, &t[0]);
+    close(go[0]);
+    close(go[1]);
+    close(res[0]);
+    close(res[1]);
+    zone_free(z);
+}
+
+static void test_death_at_every_step_of_a_handoff(void **state)
+{
+    (void)state;
+    for (int step = 1; step <= 5; step++) {
+        handoff_interrupted_at(AT_STEP_DISPATCH, step);
+    }
+    for (int step = 1; step <= 3; step++) {
+        handoff_interrupted_at(AT_STEP_SLOT_FILL, step);
+    }
+}
+
 static void test_dry_run_never_refuses(void **state)
 {
-    at_zone_conf_t c = {1, 2, 100 * MS, AT_RETRY_AFTER_AUTO, 1, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = 1, .queue = 2, .timeout_us = 100 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .dry_run = 1};
     at_zone_t *z = zone_new(1, 2, 100 * MS);
     at_ticket_t t[5];
     at_zone_stats_t s;
@@ -441,8 +667,9 @@ static void test_latency_histograms(void **state)
 static at_zone_t *zone_auto(apr_uint32_t min, apr_uint32_t max, apr_uint32_t start,
                              apr_int64_t timeout_us)
 {
-    at_zone_conf_t c = {start, 64, timeout_us, AT_RETRY_AFTER_AUTO,
-                        0, 0, 1, min, max, 0, 0};
+    at_zone_conf_t c = {.limit = start, .queue = 64, .timeout_us = timeout_us,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .limit_auto = 1,
+                        .limit_min = min, .limit_max = max};
 
     return zone_new_conf(&c);
 }
@@ -678,6 +905,10 @@ int main(void)
         cmocka_unit_test(test_lock_holder_dies),
         cmocka_unit_test(test_reconfigure_keeps_state),
         cmocka_unit_test(test_retry_after),
+        cmocka_unit_test(test_retry_after_resists_one_slow_request),
+        cmocka_unit_test(test_error_page_takes_only_a_free_slot),
+        cmocka_unit_test(test_reconfigure_does_not_wait_for_the_lock),
+        cmocka_unit_test(test_death_at_every_step_of_a_handoff),
         cmocka_unit_test(test_dry_run_never_refuses),
         cmocka_unit_test(test_latency_histograms),
         cmocka_unit_test(test_auto_limit_climbs_for_waiting_work),

@@ -26,8 +26,8 @@ static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 static inline at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_int64_t timeout_us)
 {
-    at_zone_conf_t c = {limit, queue, timeout_us, AT_RETRY_AFTER_AUTO,
-                        0, 0, 0, 0, 0, 0, 0};
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = timeout_us,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
 
     return zone_new_conf(&c);
 }
