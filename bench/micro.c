@@ -16,7 +16,31 @@
 #include <unistd.h>
 
 #include "at_zone.h"
-#include "zone_test_util.h" /* zone_new: a zone in shared memory */
+
+/* A fixed zone in anonymous shared memory, with the spare records the
+ * module's zones have. */
+static apr_size_t zone_bytes;
+
+static at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue, apr_int64_t timeout_us)
+{
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = timeout_us,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
+    apr_uint32_t nslots = limit * 2 + 4, nwaiters = queue * 2 + 4;
+    void *mem;
+
+    zone_bytes = at_zone_size(nslots, nwaiters);
+    mem = mmap(NULL, zone_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED || at_zone_init(mem, zone_bytes, "bench", &c, nslots, nwaiters)) {
+        fprintf(stderr, "micro: cannot lay out a zone\n");
+        exit(1);
+    }
+    return mem;
+}
+
+static void zone_free(at_zone_t *z)
+{
+    munmap(z, zone_bytes);
+}
 
 static at_zone_t *zone;
 static long pairs_per_thread;

@@ -11,7 +11,10 @@
 
 #include <apr.h>
 #include <apr_network_io.h>
+#include "at_client.h"
+#include "at_clock.h"
 #include "at_hist.h"
+#include "at_log.h"
 #include "at_parse.h"
 
 typedef struct at_zone at_zone_t;
@@ -29,21 +32,6 @@ typedef enum {
     AT_REJECTED_PREDICTED /* limit=auto: its wait would outlast the timeout */
 } at_result_t;
 
-/* Who a request is counted against under per_client: a client address
- * (at_client_key_from_sockaddr), its family in the first byte. All zero:
- * nobody, never limited. */
-#define AT_CLIENT_KEY_LEN 17
-typedef struct {
-    unsigned char b[AT_CLIENT_KEY_LEN];
-} at_client_key_t;
-
-/* IPv4 addresses count one by one, and so do IPv6 addresses that carry one
- * (::ffff:a.b.c.d, ::a.b.c.d). Other IPv6 addresses count per prefix of
- * v6_prefix bits (0: AT_CLIENT_V6_PREFIX): a host given a /64 cannot dodge
- * the limit by hopping through the addresses of its subnet. */
-void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefix,
-                                 at_client_key_t *out);
-
 typedef struct {
     apr_int32_t slot;
     apr_int32_t over_cap;   /* dry run: running without a slot */
@@ -54,15 +42,46 @@ typedef struct {
     apr_uint32_t queue_depth; /* waiters ahead on arrival */
 } at_ticket_t;
 
+/* Every total a zone keeps, defined once: the field, and how the status
+ * page shows it (?auto and HTML key, JSON member, Prometheus metric and its
+ * label, help; rows of one metric family are adjacent, help on the first). */
+#define AT_ZONE_COUNTERS(X)                                                             \
+    X(admitted, "Admitted", "admitted", "admitted_total", NULL,                        \
+      "Requests that got a slot, at once or after waiting.")                            \
+    X(queued_total, "QueuedTotal", "queued_total", "queued_total", NULL,               \
+      "Requests that had to wait for a slot.")                                          \
+    X(rejected_full, "RejectedFull", "rejected_full", "rejected_total",                \
+      "reason=\"full\"", "Requests answered 503, by reason.")                           \
+    X(rejected_timeout, "RejectedTimeout", "rejected_timeout", "rejected_total",       \
+      "reason=\"timeout\"", NULL)                                                       \
+    X(rejected_predicted, "RejectedPredicted", "rejected_predicted", "rejected_total", \
+      "reason=\"predicted\"", NULL)                                                     \
+    X(rejected_client, "RejectedClient", "rejected_client", "rejected_total",          \
+      "reason=\"client\"", NULL)                                                        \
+    X(aborted, "Aborted", "aborted", "aborted_total", NULL,                            \
+      "Waiting requests whose client went away.")                                       \
+    X(reclaimed, "Reclaimed", "reclaimed", "reclaimed_total", NULL,                    \
+      "Slots and queue places given back after their process died.")                    \
+    X(lock_repairs, "LockRepairs", "lock_repairs", "lock_repairs_total", NULL,         \
+      "Times the zone was rebuilt after a process died holding its lock.")              \
+    X(dry_run_queued, "DryRunQueued", "dry_run_queued", "dry_run_total",               \
+      "would=\"queue\"", "Dry run: requests that would have waited or been rejected.")  \
+    X(dry_run_rejected, "DryRunRejected", "dry_run_rejected", "dry_run_total",         \
+      "would=\"reject\"", NULL)
+
+typedef struct {
+#define AT_COUNTER_FIELD(field, ...) apr_uint64_t field;
+    AT_ZONE_COUNTERS(AT_COUNTER_FIELD)
+#undef AT_COUNTER_FIELD
+} at_zone_counters_t;
+
 typedef struct {
     apr_uint32_t limit, queue_cap, nslots, nwaiters, per_client;
     apr_uint32_t active, queued, over_cap;
     apr_int64_t timeout_us;
     apr_uint32_t retry_after;
     int dry_run;
-    apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
-    apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
+    at_zone_counters_t counters;
     apr_uint64_t service_ewma_us;
     apr_uint32_t clients; /* client addresses with a request in */
     int limit_auto;
@@ -85,38 +104,6 @@ typedef struct {
 
 /* Called while a request waits; return non-zero when it should give up. */
 typedef int (*at_abort_fn)(void *ctx);
-
-/* Called for rare events (reclaims, lock repair); level as syslog. */
-/* level: syslog's LOG_ERR ... LOG_DEBUG, which httpd's APLOG_ levels
- * share, or AT_LOG_TRACE1 (httpd's APLOG_TRACE1) for a line per window of
- * limit=auto. */
-#define AT_LOG_TRACE1 8
-typedef void (*at_log_fn)(int level, const char *msg);
-void at_set_logger(at_log_fn fn);
-
-/* Intervals, in microseconds: how often a waiter looks at its client, and
- * how often a zone checks its owners for dead processes. */
-#define AT_WAIT_SLICE_US 50000
-#define AT_RECLAIM_INTERVAL_US 250000
-/* limit=auto judges windows of at least this long, and at least the
- * service times at_limit_window_services() asks for, up to
- * AT_AUTO_WINDOW_LONG_US for the AT_LIMIT_WINDOW_SERVICES of a climb (twice
- * that at the top), with enough requests (at_limit_enough_samples) or else
- * at most AT_AUTO_WINDOW_MAX_US. */
-#define AT_AUTO_WINDOW_MIN_US 250000
-#define AT_AUTO_WINDOW_LONG_US 1000000
-#define AT_AUTO_WINDOW_MAX_US 10000000
-/* mem=: how old the reading of available memory may get while there is
- * room, and while memory holds requests back. */
-#define AT_MEM_READ_US 250000
-#define AT_MEM_REREAD_US 20000
-/* A request's memory is taken to show in the readings at the latest this
- * long after it started; one that ends sooner than AT_MEM_QUICK_US is
- * taken to have taken none. */
-#define AT_MEM_SETTLE_US 1000000
-#define AT_MEM_QUICK_US 50000
-/* Recent percentiles cover the current and the previous window. */
-#define AT_WINDOW_US (60 * APR_INT64_C(1000000))
 
 apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters);
 
@@ -191,7 +178,6 @@ void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us);
 apr_status_t at_zone_debug_take_lock(at_zone_t *z);
 #endif
 
-apr_int64_t at_now_us(void);
 
 #ifdef AT_TEST_HOOKS
 /* Test builds only: called at each step of a hand-off of a slot, so that a

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "at_zone.h" /* at_now_us */
+#include "at_clock.h"
 
 #define GOLDEN 0.6180339887498949
 

@@ -13,7 +13,9 @@
 #include "at_zone.h"
 #include "at_owner.h"
 #include "at_limit.h"
-#include "at_mem.h"
+#include "at_memgate.h"
+#include "at_sensor.h"
+#include "at_tuning.h"
 
 #include <apr_strings.h>
 #include <errno.h>
@@ -57,15 +59,6 @@ typedef struct {
     at_client_key_t client;
 } at_waiter_t;
 
-/* Requests in per client address: an open-addressed table with linear
- * probing, an entry empty when its count is 0. Every counted request holds a
- * slot or a waiting record, so at most nslots + nwaiters entries are in use
- * and a table of twice that many is never more than half full. */
-typedef struct {
-    at_client_key_t key;
-    apr_uint32_t count;
-    apr_uint32_t pad;
-} at_client_t;
 
 struct at_zone {
     apr_uint32_t magic;
@@ -85,9 +78,7 @@ struct at_zone {
      * rejection go by, which one slow request moves by an eighth at most */
     apr_uint64_t service_med_us;
 
-    apr_uint64_t admitted, queued_total, rejected_full, rejected_timeout;
-    apr_uint64_t rejected_predicted, rejected_client, aborted, reclaimed;
-    apr_uint64_t lock_repairs, dry_run_queued, dry_run_rejected;
+    at_zone_counters_t counters;
     apr_uint32_t over_cap;
 
     at_hist_t wait_all, service_all;
@@ -95,26 +86,20 @@ struct at_zone {
     apr_int64_t win_start_us;
     apr_int32_t win_cur;
 
-    apr_size_t slots_off, waiters_off, clients_off;
-    apr_uint32_t nclients; /* a power of two */
+    apr_size_t slots_off, waiters_off;
+    /* per_client: requests in per client; every counted request holds a
+     * slot or a waiting record */
+    at_client_table_t clients;
 
     /* limit=auto: the controller, and what the current window measured */
     apr_int32_t limit_auto;
     at_limit_t ctl;
-    apr_int64_t cw_start_us, cw_last_us;
-    double cw_active_us, cw_waited_us, cw_service_us, cw_service_max_us;
-    double cw_service_sq_us; /* sum of squares: how steady the window's mean is */
-    apr_uint32_t cw_completed, cw_refused;
-    apr_uint64_t client_seed; /* so nobody can choose colliding addresses */
+    at_sensor_t sensor;
 
     /* mem=: the last reading of available memory; the memory promised to
      * started requests that no reading has shown yet; what requests that
      * ended since the reading are taken to have given back */
-    apr_uint64_t mem_bytes, mem_avail;
-    apr_int64_t mem_read_us;
-    apr_uint64_t mem_pending, mem_freed, mem_early_free;
-    apr_uint32_t mem_source, mem_pad;
-    apr_uint64_t mem_held, mem_read_errors;
+    at_memgate_t mem;
 
     /* A definition the server's parent published without the lock (a
      * child may hold it, stopped or hung): the next holder applies it.
@@ -127,41 +112,9 @@ struct at_zone {
 void (*at_test_step_hook)(int where, int step);
 #endif
 
-static at_log_fn logger;
-static const char *mem_root = "";
-static apr_int64_t mem_settle_us = AT_MEM_SETTLE_US;
-
-void at_set_logger(at_log_fn fn)
-{
-    logger = fn;
-}
-
-static void zlog(int level, const char *fmt, ...)
-{
-    char buf[256];
-    va_list ap;
-
-    if (!logger) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    logger(level, buf);
-}
-
 void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us)
 {
-    mem_root = root ? root : "";
-    mem_settle_us = settle_us >= 0 ? settle_us : AT_MEM_SETTLE_US;
-}
-
-apr_int64_t at_now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (apr_int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    at_memgate_set_reading(root, settle_us);
 }
 
 static at_slot_t *slots(at_zone_t *z)
@@ -185,168 +138,40 @@ static apr_uint32_t waiter_records(apr_uint32_t nslots, apr_uint32_t nwaiters)
 
 static apr_uint32_t client_entries(apr_uint32_t nslots, apr_uint32_t nwaiters)
 {
-    apr_uint64_t need = 2 * ((apr_uint64_t)nslots + waiter_records(nslots, nwaiters));
-    apr_uint32_t n = 16;
-
-    while (n < need) {
-        n <<= 1;
-    }
-    return n;
+    return at_client_entries_for((apr_uint64_t)nslots + waiter_records(nslots, nwaiters));
 }
 
 apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters)
 {
     return ALIGN64(sizeof(at_zone_t)) + ALIGN64(nslots * sizeof(at_slot_t))
            + ALIGN64(waiter_records(nslots, nwaiters) * sizeof(at_waiter_t))
-           + ALIGN64(client_entries(nslots, nwaiters) * sizeof(at_client_t));
+           + ALIGN64(client_entries(nslots, nwaiters) * sizeof(at_client_entry_t));
 }
 
-static at_client_t *clients(at_zone_t *z)
+/* limit=auto: what ran and what waited, integrated over time; called
+ * before every change of active or queued, all of which happen under the
+ * lock. */
+static void note_change(at_zone_t *z)
 {
-    return (at_client_t *)((char *)z + z->clients_off);
-}
-
-/* ---- requests per client (lock held) -------------------------------- */
-
-static void key_v4(const unsigned char *a, at_client_key_t *out)
-{
-    out->b[0] = 4;
-    memcpy(out->b + 1, a, 4);
-}
-
-#if APR_HAVE_IPV6
-/* ::ffff:a.b.c.d, or the old ::a.b.c.d (but not :: or ::1). */
-static int embeds_v4(const unsigned char *a)
-{
-    static const unsigned char zero[10];
-
-    if (memcmp(a, zero, 10) != 0) {
-        return 0;
-    }
-    if (a[10] == 0xff && a[11] == 0xff) {
-        return 1;
-    }
-    return a[10] == 0 && a[11] == 0 && (a[12] | a[13] | a[14]) != 0;
-}
-#endif
-
-void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefix,
-                                 at_client_key_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (!sa || !sa->ipaddr_ptr) {
-        return;
-    }
-#if APR_HAVE_IPV6
-    if (sa->family == APR_INET6) {
-        const unsigned char *a = sa->ipaddr_ptr;
-        apr_uint32_t bits = v6_prefix ? v6_prefix : AT_CLIENT_V6_PREFIX, i;
-
-        if (embeds_v4(a)) {
-            key_v4(a + 12, out);
-            return;
-        }
-        out->b[0] = 6;
-        for (i = 0; i < 16 && bits > 0; i++, bits = bits > 8 ? bits - 8 : 0) {
-            out->b[1 + i] = bits >= 8 ? a[i] : (unsigned char)(a[i] & (0xff << (8 - bits)));
-        }
-        return;
-    }
-#endif
-    if (sa->family == APR_INET && sa->ipaddr_len == 4) {
-        key_v4(sa->ipaddr_ptr, out);
+    if (z->limit_auto) {
+        at_sensor_integrate(&z->sensor, at_now_us(), z->active, z->queued);
     }
 }
 
-static int client_none(const at_client_key_t *k)
-{
-    static const at_client_key_t zero;
-    return memcmp(k, &zero, sizeof(zero)) == 0;
-}
-
-static apr_uint64_t mix64(apr_uint64_t x)
-{
-    x ^= x >> 30;
-    x *= APR_UINT64_C(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x *= APR_UINT64_C(0x94d049bb133111eb);
-    return x ^ (x >> 31);
-}
-
-static apr_uint32_t client_home(const at_zone_t *z, const at_client_key_t *k)
-{
-    apr_uint64_t lo = 0, hi = 0;
-
-    memcpy(&lo, k->b, 8);
-    memcpy(&hi, k->b + 8, 8);
-    return (apr_uint32_t)(mix64(mix64(mix64(lo ^ z->client_seed) ^ hi) ^ k->b[16])
-                          & (z->nclients - 1));
-}
-
-/* The entry for k, or the empty one where it would go. */
-static apr_uint32_t client_find(at_zone_t *z, const at_client_key_t *k)
-{
-    at_client_t *c = clients(z);
-    apr_uint32_t i = client_home(z, k), mask = z->nclients - 1;
-
-    while (c[i].count && memcmp(&c[i].key, k, sizeof(*k)) != 0) {
-        i = (i + 1) & mask;
-    }
-    return i;
-}
-
-static apr_uint32_t client_count(at_zone_t *z, const at_client_key_t *k)
-{
-    return client_none(k) ? 0 : clients(z)[client_find(z, k)].count;
-}
+/* ---- requests per client (lock held): counted while per_client is set -- */
 
 static void client_add(at_zone_t *z, const at_client_key_t *k)
 {
-    at_client_t *c;
-
-    if (!z->per_client || client_none(k)) {
-        return;
-    }
-    c = &clients(z)[client_find(z, k)];
-    if (c->count++ == 0) {
-        c->key = *k;
+    if (z->per_client) {
+        at_client_add(&z->clients, k);
     }
 }
 
-/* Emptying an entry shifts later ones of the same run back, so lookups
- * never need tombstones and the table never fills with them. */
 static void client_remove(at_zone_t *z, const at_client_key_t *k)
 {
-    at_client_t *c = clients(z);
-    apr_uint32_t i, j, mask = z->nclients - 1;
-
-    if (!z->per_client || client_none(k)) {
-        return;
+    if (z->per_client) {
+        at_client_remove(&z->clients, k);
     }
-    i = client_find(z, k);
-    if (c[i].count == 0 || --c[i].count > 0) {
-        return;
-    }
-    for (j = (i + 1) & mask; c[j].count; j = (j + 1) & mask) {
-        apr_uint32_t home = client_home(z, &c[j].key);
-        /* Move j into the hole at i unless its home lies in (i, j]. */
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            c[i] = c[j];
-            c[j].count = 0;
-            i = j;
-        }
-    }
-}
-
-/* For the status page: the table is small, and read only there. */
-static apr_uint32_t clients_in(at_zone_t *z)
-{
-    apr_uint32_t i, n = 0;
-
-    for (i = 0; z->per_client && i < z->nclients; i++) {
-        n += clients(z)[i].count > 0;
-    }
-    return n;
 }
 
 /* The records are the truth: recount from them. */
@@ -354,7 +179,7 @@ static void rebuild_client_counts(at_zone_t *z)
 {
     apr_uint32_t i;
 
-    memset(clients(z), 0, z->nclients * sizeof(at_client_t));
+    at_client_table_clear(&z->clients);
     for (i = 0; i < z->nslots; i++) {
         if (slots(z)[i].owner.pid != 0) {
             client_add(z, &slots(z)[i].client);
@@ -406,6 +231,7 @@ static void rebuild_free_slots(at_zone_t *z)
     at_slot_t *s = slots(z);
     apr_int32_t i;
 
+    note_change(z);
     z->free_slot = NONE;
     z->active = 0;
     for (i = (apr_int32_t)z->nslots - 1; i >= 0; i--) {
@@ -423,6 +249,7 @@ static void queue_push(at_zone_t *z, apr_int32_t i)
 {
     at_waiter_t *w = waiters(z);
 
+    note_change(z);
     w[i].prev = z->qtail;
     w[i].next = NONE;
     if (z->qtail != NONE) {
@@ -439,6 +266,7 @@ static void queue_unlink(at_zone_t *z, apr_int32_t i)
 {
     at_waiter_t *w = waiters(z);
 
+    note_change(z);
     if (w[i].prev != NONE) {
         w[w[i].prev].next = w[i].next;
     }
@@ -497,6 +325,7 @@ static void slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
     __atomic_thread_fence(__ATOMIC_RELEASE);
     s->owner = *owner;
     AT_STEP(AT_STEP_SLOT_FILL, 3);
+    note_change(z);
     z->active++;
 }
 
@@ -510,13 +339,14 @@ static apr_int32_t slot_take(at_zone_t *z, const at_owner_t *owner,
     return i;
 }
 
-static void mem_note_end(at_zone_t *z, const at_slot_t *s);
-
 static void slot_put(at_zone_t *z, apr_int32_t i)
 {
     at_slot_t *s = &slots(z)[i];
 
-    mem_note_end(z, s);
+    note_change(z);
+    if (z->mem.bytes) {
+        at_memgate_ended(&z->mem, at_now_us() - s->since_us);
+    }
     client_remove(z, &s->client);
     s->owner.pid = 0;
     s->ticket = 0;
@@ -525,120 +355,25 @@ static void slot_put(at_zone_t *z, apr_int32_t i)
     z->active--;
 }
 
-/* ---- mem=: memory as a second condition to start (lock held) ---------- */
+/* ---- mem= (lock held) ------------------------------------------------ */
 
-/* The memory of requests younger than the settling time, which a reading
- * may not show yet: the most that can still be pending. */
-static apr_uint64_t mem_young(at_zone_t *z, apr_int64_t now)
+/* Running requests younger than settle_us, which a reading may not show. */
+static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settle_us)
 {
+    at_zone_t *z = ctx;
     apr_uint32_t i, n = 0;
 
     for (i = 0; i < z->nslots; i++) {
         const at_slot_t *s = &slots(z)[i];
 
-        n += s->owner.pid != 0 && now - s->since_us < mem_settle_us;
+        n += s->owner.pid != 0 && now - s->since_us < settle_us;
     }
-    return (apr_uint64_t)n * z->mem_bytes;
+    return n;
 }
 
-/* A new reading. Whatever memory it shows taken since the last one, plus
- * what ended requests gave back, is taken to be pending promises coming
- * true, so a request is counted once: in the promises until the readings
- * show it, then in the readings. A request's process may give its memory
- * back a moment before the request ends (a CGI exits, then httpd finishes
- * the response): memory that comes back unannounced is remembered, and
- * cancels the credit of the ends that follow, so it is not counted twice
- * as a promise coming true. */
-static void mem_refresh(at_zone_t *z, apr_int64_t now)
-{
-    apr_uint64_t avail, young;
-    at_mem_source_t source;
-    double seen;
-
-    z->mem_read_us = now;
-    if (at_mem_read(mem_root, &avail, &source) != APR_SUCCESS) {
-        /* Unreadable memory must not stop the server: fail open, as for a
-         * broken lock, and say so once. */
-        if (z->mem_read_errors++ == 0) {
-            zlog(LOG_WARNING, "zone %s: cannot read the available memory "
-                 "(/proc/meminfo, memory cgroup); mem= is not enforced", z->name);
-        }
-        z->mem_source = AT_MEM_UNREAD;
-        return;
-    }
-    if (z->mem_source != AT_MEM_UNREAD) {
-        seen = (double)z->mem_avail - (double)avail + (double)z->mem_freed;
-        if (seen < 0) {
-            z->mem_early_free += (apr_uint64_t)-seen;
-        }
-        else {
-            double cancel = (double)z->mem_early_free < seen ? (double)z->mem_early_free : seen;
-
-            z->mem_early_free -= (apr_uint64_t)cancel;
-            seen -= cancel;
-            z->mem_pending -= seen < (double)z->mem_pending ? (apr_uint64_t)seen
-                                                            : z->mem_pending;
-        }
-    }
-    if (z->mem_early_free > (apr_uint64_t)z->active * z->mem_bytes) {
-        /* only running requests can still announce an end */
-        z->mem_early_free = (apr_uint64_t)z->active * z->mem_bytes;
-    }
-    young = mem_young(z, now);
-    if (z->mem_pending > young) {
-        z->mem_pending = young; /* older requests are in the reading by now */
-    }
-    z->mem_freed = 0;
-    z->mem_avail = avail;
-    z->mem_source = source;
-}
-
-static int mem_estimate_allows(const at_zone_t *z)
-{
-    return z->mem_source == AT_MEM_UNREAD
-           || (z->mem_avail > z->mem_pending
-               && z->mem_avail - z->mem_pending >= z->mem_bytes);
-}
-
-/* Whether memory lets one more request start: the reading, less what has
- * been promised to requests the readings do not show yet, must hold
- * mem=. The reading is taken at most every AT_MEM_READ_US while there is
- * room, and every AT_MEM_REREAD_US while memory holds requests back. */
 static int mem_allows(at_zone_t *z, apr_int64_t now)
 {
-    apr_int64_t age;
-
-    if (!z->mem_bytes) {
-        return 1;
-    }
-    age = now - z->mem_read_us;
-    if (age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !mem_estimate_allows(z))) {
-        mem_refresh(z, now);
-    }
-    return mem_estimate_allows(z);
-}
-
-static void mem_note_start(at_zone_t *z)
-{
-    if (z->mem_bytes) {
-        z->mem_pending += z->mem_bytes;
-    }
-}
-
-/* A request that ended at once is taken to have taken nothing: its promise
- * is withdrawn. One that ran longer is taken to give back its full mem=,
- * which the next reading should show. */
-static void mem_note_end(at_zone_t *z, const at_slot_t *s)
-{
-    if (!z->mem_bytes) {
-        return;
-    }
-    if (at_now_us() - s->since_us < AT_MEM_QUICK_US) {
-        z->mem_pending -= z->mem_pending < z->mem_bytes ? z->mem_pending : z->mem_bytes;
-    }
-    else {
-        z->mem_freed += z->mem_bytes;
-    }
+    return at_memgate_allows(&z->mem, now, z->active, young_requests, z, z->name);
 }
 
 /* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
@@ -662,7 +397,7 @@ static void dispatch(at_zone_t *z)
         __atomic_thread_fence(__ATOMIC_RELEASE);
         AT_STEP(AT_STEP_DISPATCH, 3);
         slot_fill(z, slot, &w[i].owner, w[i].ticket, &w[i].client, now);
-        mem_note_start(z);
+        at_memgate_started(&z->mem);
         __atomic_thread_fence(__ATOMIC_RELEASE);
         AT_STEP(AT_STEP_DISPATCH, 4);
         w[i].state = W_GRANTED;
@@ -717,6 +452,7 @@ static void zone_repair(at_zone_t *z)
     rebuild_free_slots(z);
     z->free_waiter = NONE;
     z->qhead = z->qtail = NONE;
+    note_change(z);
     z->queued = 0;
     for (i = z->nwaiters; i-- > 0;) {
         if (w[i].state == W_WAITING) {
@@ -739,7 +475,7 @@ static void zone_repair(at_zone_t *z)
         free(order);
     }
     rebuild_client_counts(z);
-    z->lock_repairs++;
+    z->counters.lock_repairs++;
     dispatch(z);
 }
 
@@ -748,41 +484,14 @@ static int zone_lock_result(at_zone_t *z, int rc)
     if (rc == EOWNERDEAD) {
         zone_repair(z);
         pthread_mutex_consistent(&z->lock);
-        zlog(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
+        at_log(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
              "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
         return 0;
     }
     if (rc != 0 && rc != EBUSY) {
-        zlog(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
+        at_log(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
     }
     return rc;
-}
-
-/* limit=auto: what ran and what waited, integrated over time. Every change
- * of active or queued happens under the lock, so adding up at each lock
- * taken, with the values left by the last holder, is exact. */
-static void window_integrate(at_zone_t *z, apr_int64_t now)
-{
-    apr_int64_t dt = now - z->cw_last_us; /* cw_last_us >= cw_start_us */
-
-    if (now < z->cw_start_us) {
-        return; /* settling after a change: not measured */
-    }
-    if (dt > 0) {
-        z->cw_active_us += (double)z->active * (double)dt;
-        if (z->queued > 0) {
-            z->cw_waited_us += (double)dt;
-        }
-        z->cw_last_us = now;
-    }
-}
-
-static void window_reset(at_zone_t *z, apr_int64_t now)
-{
-    z->cw_start_us = z->cw_last_us = now;
-    z->cw_active_us = z->cw_waited_us = z->cw_service_us = z->cw_service_max_us = 0;
-    z->cw_service_sq_us = 0;
-    z->cw_completed = z->cw_refused = 0;
 }
 
 static void apply_published_conf(at_zone_t *z);
@@ -790,9 +499,6 @@ static void apply_published_conf(at_zone_t *z);
 static int locked(at_zone_t *z, int rc)
 {
     if (rc == 0) {
-        if (z->limit_auto) {
-            window_integrate(z, at_now_us());
-        }
         apply_published_conf(z);
     }
     return rc;
@@ -829,7 +535,7 @@ static void apply_limit(at_zone_t *z, const at_zone_conf_t *c)
     if (!z->limit_auto || z->ctl.min != c->limit_min || z->ctl.max != c->limit_max) {
         at_limit_init(&z->ctl, z->limit_auto ? at_limit_value(&z->ctl) : c->limit,
                       c->limit_min, c->limit_max);
-        window_reset(z, at_now_us());
+        at_sensor_reset(&z->sensor, at_now_us());
     }
     at_limit_set_cores(&z->ctl, c->cores);
     z->limit_auto = 1;
@@ -850,7 +556,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->retry_after = c->retry_after;
     z->retry_after_max = c->retry_after_max;
     z->dry_run = c->dry_run;
-    z->mem_bytes = c->mem_bytes;
+    z->mem.bytes = c->mem_bytes;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -870,10 +576,12 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     z->nwaiters = waiter_records(nslots, nwaiters);
     z->slots_off = ALIGN64(sizeof(at_zone_t));
     z->waiters_off = z->slots_off + ALIGN64(z->nslots * sizeof(at_slot_t));
-    z->clients_off = z->waiters_off + ALIGN64(z->nwaiters * sizeof(at_waiter_t));
-    z->nclients = client_entries(nslots, nwaiters);
-    z->client_seed = mix64((apr_uint64_t)at_now_us() ^ ((apr_uint64_t)getpid() << 32)
-                           ^ (apr_uint64_t)(apr_uintptr_t)mem);
+    at_client_table_init(&z->clients,
+                         (at_client_entry_t *)((char *)z + z->waiters_off
+                                               + ALIGN64(z->nwaiters * sizeof(at_waiter_t))),
+                         client_entries(nslots, nwaiters),
+                         (apr_uint64_t)at_now_us() ^ ((apr_uint64_t)getpid() << 32)
+                             ^ (apr_uint64_t)(apr_uintptr_t)mem);
     apply_conf(z, c);
     apr_cpystrn(z->name, name, sizeof(z->name));
 
@@ -994,7 +702,7 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
             n++;
         }
     }
-    z->reclaimed += n;
+    z->counters.reclaimed += n;
     dispatch(z);
     return n;
 }
@@ -1035,7 +743,7 @@ static apr_uint32_t zone_reclaim(at_zone_t *z, int (*lock)(at_zone_t *))
         n = drop_dead_owners(z, &dead);
         zone_unlock(z);
         for (i = 0; i < dead.n; i++) {
-            zlog(LOG_INFO, "zone %s: reclaimed what dead process %d held",
+            at_log(LOG_INFO, "zone %s: reclaimed what dead process %d held",
                  z->name, (int)dead.v[i].pid);
         }
     }
@@ -1117,89 +825,38 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
     z->service_med_us = at_typical_service_after(z->service_med_us, us);
 }
 
-/* A request that ends after a change ran partly before it, unless it
- * started after: the next window waits a quarter more than a service time
- * at the new level, which for work that computes grows with the limit, and
- * never less than one service time now. Less, and a step up looks better
- * than it is and one down worse, which held a CPU-bound limit at 40 in S4. */
-static apr_int64_t settling_us(const at_zone_t *z, apr_uint32_t next)
-{
-    double scale = z->limit ? (double)next / z->limit : 1;
-
-    return (apr_int64_t)(1.25 * (scale > 1 ? scale : scale < 0.8 ? 0.8 : scale)
-                         * (double)z->service_ewma_us);
-}
-
-/* Requests that run side by side start and end in waves, and share the
- * machine's slow and fast moments: windows shorter than a service time or
- * two, at a high limit with a long service time, differ by several times
- * the error their own counts suggest (5 % against 1 % for S4's sleeping
- * CGI at 41 in windows of 250 ms). */
-static apr_int64_t window_min_us(const at_zone_t *z)
-{
-    apr_int64_t services = at_limit_window_services(&z->ctl);
-    apr_int64_t us = services * (apr_int64_t)z->service_ewma_us;
-    apr_int64_t longest = services * AT_AUTO_WINDOW_LONG_US / AT_LIMIT_WINDOW_SERVICES;
-
-    return us < AT_AUTO_WINDOW_MIN_US ? AT_AUTO_WINDOW_MIN_US
-           : us > longest            ? longest
-                                     : us;
-}
-
-/* The relative standard error of the window's mean service time: how far
- * one slow request can have moved it. */
-static double window_service_rse(const at_zone_t *z)
-{
-    double n = z->cw_completed, mean = n > 0 ? z->cw_service_us / n : 0;
-    double var = n > 1 ? (z->cw_service_sq_us - z->cw_service_us * mean) / (n - 1) : 0;
-
-    return var > 0 && mean > 0 ? sqrt(var / n) / mean : 0;
-}
-
 /* What the controller is given, for LogLevel adaptive_throttle:trace1:
  * with it, a limit that wanders can be told from one that follows noise. */
 static void log_window(const at_zone_t *z, const at_window_t *w)
 {
-    zlog(AT_LOG_TRACE1, "zone %s: window of %.2f s at limit %u: %u done, %.1f running, "
-         "service %.1f ms (+-%.1f%%), %.0f%% waiting", z->name, w->secs, z->limit,
-         w->completed, w->inflight, w->service_us / 1000, 100 * w->service_rse,
-         100 * w->limited);
+    at_log(AT_LOG_TRACE1, "zone %s: window of %.2f s at limit %u: %u done, %.1f running, "
+           "service %.1f ms (+-%.1f%%), %.0f%% waiting", z->name, w->secs, z->limit,
+           w->completed, w->inflight, w->service_us / 1000, 100 * w->service_rse,
+           100 * w->limited);
 }
 
 /* limit=auto: the first release after a window is long enough hands the
  * window to the controller; one place, under the lock, for every process. */
 static void maybe_close_window(at_zone_t *z, apr_int64_t now)
 {
-    apr_int64_t len = now - z->cw_start_us;
     at_window_t w;
+    apr_uint32_t next;
 
-    if (len < window_min_us(z)
-        || (!at_limit_enough_samples(&z->ctl, z->cw_completed, z->cw_service_us,
-                                     z->cw_service_sq_us)
-            && len < AT_AUTO_WINDOW_MAX_US)) {
+    note_change(z); /* up to now */
+    if (!at_sensor_window(&z->sensor, &z->ctl, z->service_ewma_us, now, &w)) {
         return;
     }
-    w.completed = z->cw_completed;
-    w.secs = (double)len / 1e6;
-    w.inflight = z->cw_active_us / (double)len;
-    w.limited = z->cw_refused ? 1.0 : z->cw_waited_us / (double)len;
-    /* One request stuck far longer than the rest says nothing about the
-     * limit: the slowest is left out. */
-    w.service_us = z->cw_completed > 2 ? (z->cw_service_us - z->cw_service_max_us)
-                                             / (z->cw_completed - 1)
-                                       : 0;
-    w.service_rse = window_service_rse(z);
     log_window(z, &w);
-    if (at_limit_update(&z->ctl, &w)) {
-        zlog(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
-             "window with requests waiting)", z->name, z->limit, at_limit_value(&z->ctl),
-             w.inflight, w.completed / w.secs, 100 * w.limited);
-        window_reset(z, now + settling_us(z, at_limit_value(&z->ctl)));
-        z->limit = at_limit_value(&z->ctl);
+    if (!at_limit_update(&z->ctl, &w)) {
+        at_sensor_reset(&z->sensor, now);
+        return;
     }
-    else {
-        window_reset(z, now);
-    }
+    next = at_limit_value(&z->ctl);
+    at_log(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
+           "window with requests waiting)", z->name, z->limit, next, w.inflight,
+           w.completed / w.secs, 100 * w.limited);
+    at_sensor_reset(&z->sensor, now + at_sensor_settling_us(z->limit, next, z->service_ewma_us));
+    z->limit = next;
 }
 
 /* limit=auto: a newcomer whose turn would come after the timeout is told
@@ -1220,9 +877,9 @@ static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
 {
     client_add(z, client);
     t->slot = slot_take(z, self, t->ticket, client, now);
-    mem_note_start(z);
+    at_memgate_started(&z->mem);
     t->granted_us = now;
-    z->admitted++;
+    z->counters.admitted++;
     record_wait(z, 0, now);
 }
 
@@ -1233,16 +890,16 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
 {
     t->over_cap = 1;
     if (z->over_cap++ < z->queue_cap && !would_refuse) {
-        z->dry_run_queued++;
+        z->counters.dry_run_queued++;
         return AT_DRY_RUN_QUEUED;
     }
-    z->dry_run_rejected++;
+    z->counters.dry_run_rejected++;
     return AT_DRY_RUN_REJECTED;
 }
 
 static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
 {
-    return z->per_client && client_count(z, client) >= z->per_client;
+    return z->per_client && at_client_count(&z->clients, client) >= z->per_client;
 }
 
 static int slot_free_for_newcomer(const at_zone_t *z)
@@ -1271,13 +928,13 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             return AT_ERROR;
         }
         now = at_now_us();
-        if (z->mem_bytes && z->qhead == wi) {
+        if (z->mem.bytes && z->qhead == wi) {
             dispatch(z); /* memory frees without anyone releasing a slot */
         }
         if (w->state == W_GRANTED) {
             t->slot = w->slot;
             t->granted_us = now;
-            z->admitted++;
+            z->counters.admitted++;
             record_wait(z, now - start, now);
             waiter_free(z, wi);
             zone_unlock(z);
@@ -1286,7 +943,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         if (now >= deadline) {
             waiter_leave_queue(z, wi);
             waiter_free(z, wi);
-            z->rejected_timeout++;
+            z->counters.rejected_timeout++;
             zone_unlock(z);
             return AT_REJECTED_TIMEOUT;
         }
@@ -1313,7 +970,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                 waiter_leave_queue(z, wi);
             }
             waiter_free(z, wi);
-            z->aborted++;
+            z->counters.aborted++;
             zone_unlock(z);
             return AT_ABORTED;
         }
@@ -1368,7 +1025,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
             r = run_over_cap(z, t, 1); /* the client was over its share */
         }
         else {
-            z->rejected_client++;
+            z->counters.rejected_client++;
             r = AT_REJECTED_CLIENT;
         }
         zone_unlock(z);
@@ -1380,7 +1037,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
         return AT_ADMITTED;
     }
     if (slot_free_for_newcomer(z)) {
-        z->mem_held++; /* only memory stood in the way */
+        z->mem.held++; /* only memory stood in the way */
     }
     if (z->dry_run) {
         r = run_over_cap(z, t, 0);
@@ -1388,14 +1045,14 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
         return r;
     }
     if (z->queued >= z->queue_cap || z->free_waiter == NONE) {
-        z->rejected_full++;
-        z->cw_refused++;
+        z->counters.rejected_full++;
+        at_sensor_refused(&z->sensor);
         zone_unlock(z);
         return AT_REJECTED_FULL;
     }
     if (wait_predicted_too_long(z)) {
-        z->rejected_predicted++;
-        z->cw_refused++;
+        z->counters.rejected_predicted++;
+        at_sensor_refused(&z->sensor);
         zone_unlock(z);
         return AT_REJECTED_PREDICTED;
     }
@@ -1408,7 +1065,7 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
     waiters(z)[wi].state = W_WAITING;
     queue_push(z, wi);
     client_add(z, client);
-    z->queued_total++;
+    z->counters.queued_total++;
     zone_unlock(z);
 
     r = wait_for_slot(z, t, wi, start, abort_fn, ctx);
@@ -1419,16 +1076,10 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
 /* limit=auto: a completed request counts in the current window. */
 static void window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now)
 {
-    if (!z->limit_auto || now < z->cw_start_us) {
-        return;
+    if (z->limit_auto) {
+        at_sensor_completed(&z->sensor, service, now);
+        maybe_close_window(z, now);
     }
-    z->cw_completed++;
-    z->cw_service_us += (double)service;
-    z->cw_service_sq_us += (double)service * (double)service;
-    if ((double)service > z->cw_service_max_us) {
-        z->cw_service_max_us = (double)service;
-    }
-    maybe_close_window(z, now);
 }
 
 at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
@@ -1444,7 +1095,7 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
     t->ticket = ++z->next_ticket;
     if (can_run_now(z, now)) {
         t->slot = slot_take(z, at_owner_self(), t->ticket, &nobody, now);
-        mem_note_start(z);
+        at_memgate_started(&z->mem);
         t->granted_us = now;
         r = AT_ADMITTED;
     }
@@ -1510,12 +1161,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->timeout_us = z->timeout_us;
     o->retry_after = z->retry_after;
     o->dry_run = z->dry_run;
-    o->admitted = z->admitted;
-    o->queued_total = z->queued_total;
-    o->rejected_full = z->rejected_full;
-    o->rejected_timeout = z->rejected_timeout;
-    o->rejected_predicted = z->rejected_predicted;
-    o->rejected_client = z->rejected_client;
+    o->counters = z->counters;
     o->limit_auto = z->limit_auto;
     o->limit_min = z->limit_auto ? z->ctl.min : z->limit;
     o->limit_max = z->limit_auto ? z->ctl.max : z->limit;
@@ -1524,12 +1170,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->baseline_us = z->ctl.baseline_us;
     o->recent_us = z->ctl.recent_us;
     o->per_client = z->per_client;
-    o->clients = clients_in(z);
-    o->aborted = z->aborted;
-    o->reclaimed = z->reclaimed;
-    o->lock_repairs = z->lock_repairs;
-    o->dry_run_queued = z->dry_run_queued;
-    o->dry_run_rejected = z->dry_run_rejected;
+    o->clients = z->per_client ? at_client_in(&z->clients) : 0;
     o->service_ewma_us = z->service_ewma_us;
     o->wait_all = z->wait_all;
     o->service_all = z->service_all;
@@ -1546,16 +1187,16 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
         }
     }
     o->oldest_us = oldest;
-    if (z->mem_bytes) {
+    if (z->mem.bytes) {
         mem_allows(z, now); /* a reading no older than a request would use */
-        o->mem_bytes = z->mem_bytes;
-        o->mem_avail = z->mem_avail;
-        o->mem_source = (int)z->mem_source;
-        o->mem_pending = z->mem_pending;
-        o->mem_read_age_us = now - z->mem_read_us;
+        o->mem_bytes = z->mem.bytes;
+        o->mem_avail = z->mem.avail;
+        o->mem_source = (int)z->mem.source;
+        o->mem_pending = z->mem.pending;
+        o->mem_read_age_us = now - z->mem.read_us;
     }
-    o->mem_held = z->mem_held;
-    o->mem_read_errors = z->mem_read_errors;
+    o->mem_held = z->mem.held;
+    o->mem_read_errors = z->mem.read_errors;
     zone_unlock(z);
 }
 

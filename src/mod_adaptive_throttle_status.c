@@ -49,8 +49,9 @@ enum {
     F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
-    F_ADMITTED, F_QUEUED_TOTAL, F_REJ_FULL, F_REJ_TIMEOUT, F_REJ_PREDICTED, F_REJ_CLIENT,
-    F_ABORTED, F_RECLAIMED, F_LOCK_REPAIRS, F_DRY_QUEUED, F_DRY_REJECTED,
+#define F_COUNTER_ENUM(field, ...) F_##field,
+    AT_ZONE_COUNTERS(F_COUNTER_ENUM)
+#undef F_COUNTER_ENUM
     NFIELDS
 };
 
@@ -93,17 +94,10 @@ static const field_t fields[NFIELDS] = {
     {"MemReadingAgeMs", "mem_reading_age_ms", NULL, NULL, GAUGE, NULL, IF_MEM},
     {"HeldForMemory", "held_for_memory", "held_for_memory_total", NULL, COUNTER, "Requests that waited though a slot was free, for memory (mem=).", IF_MEM},
     {"MemReadErrors", "mem_read_errors", "mem_read_errors_total", NULL, COUNTER, "Readings of the available memory that failed (mem= is then not enforced).", IF_MEM},
-    {"Admitted", "admitted", "admitted_total", NULL, COUNTER, "Requests that got a slot, at once or after waiting.", ALWAYS},
-    {"QueuedTotal", "queued_total", "queued_total", NULL, COUNTER, "Requests that had to wait for a slot.", ALWAYS},
-    {"RejectedFull", "rejected_full", "rejected_total", "reason=\"full\"", COUNTER, "Requests answered 503, by reason.", ALWAYS},
-    {"RejectedTimeout", "rejected_timeout", "rejected_total", "reason=\"timeout\"", COUNTER, NULL, ALWAYS},
-    {"RejectedPredicted", "rejected_predicted", "rejected_total", "reason=\"predicted\"", COUNTER, NULL, ALWAYS},
-    {"RejectedClient", "rejected_client", "rejected_total", "reason=\"client\"", COUNTER, NULL, ALWAYS},
-    {"Aborted", "aborted", "aborted_total", NULL, COUNTER, "Waiting requests whose client went away.", ALWAYS},
-    {"Reclaimed", "reclaimed", "reclaimed_total", NULL, COUNTER, "Slots and queue places given back after their process died.", ALWAYS},
-    {"LockRepairs", "lock_repairs", "lock_repairs_total", NULL, COUNTER, "Times the zone was rebuilt after a process died holding its lock.", ALWAYS},
-    {"DryRunQueued", "dry_run_queued", "dry_run_total", "would=\"queue\"", COUNTER, "Dry run: requests that would have waited or been rejected.", ALWAYS},
-    {"DryRunRejected", "dry_run_rejected", "dry_run_total", "would=\"reject\"", COUNTER, NULL, ALWAYS},
+#define F_COUNTER_ROW(field, key, json, prom, label, help) \
+    {key, json, prom, label, COUNTER, help, ALWAYS},
+    AT_ZONE_COUNTERS(F_COUNTER_ROW)
+#undef F_COUNTER_ROW
 };
 
 typedef struct {
@@ -149,12 +143,6 @@ static void fill_values(zone_view_t *z)
     v[F_SERVICE_P99] = ms(at_hist_quantile(&s->service_recent, 0.99));
     v[F_SERVICE_MAX] = ms(s->service_recent.max_us);
     v[F_SERVICE_N] = (double)s->service_recent.n;
-    v[F_ADMITTED] = (double)s->admitted;
-    v[F_QUEUED_TOTAL] = (double)s->queued_total;
-    v[F_REJ_FULL] = (double)s->rejected_full;
-    v[F_REJ_TIMEOUT] = (double)s->rejected_timeout;
-    v[F_REJ_PREDICTED] = (double)s->rejected_predicted;
-    v[F_REJ_CLIENT] = (double)s->rejected_client;
     v[F_PER_CLIENT] = s->per_client;
     v[F_CLIENTS] = s->clients;
     v[F_MEM] = (double)s->mem_bytes;
@@ -163,11 +151,9 @@ static void fill_values(zone_view_t *z)
     v[F_MEM_AGE] = ms(s->mem_read_age_us);
     v[F_MEM_HELD] = (double)s->mem_held;
     v[F_MEM_ERRORS] = (double)s->mem_read_errors;
-    v[F_ABORTED] = (double)s->aborted;
-    v[F_RECLAIMED] = (double)s->reclaimed;
-    v[F_LOCK_REPAIRS] = (double)s->lock_repairs;
-    v[F_DRY_QUEUED] = (double)s->dry_run_queued;
-    v[F_DRY_REJECTED] = (double)s->dry_run_rejected;
+#define F_COUNTER_VALUE(field, ...) v[F_##field] = (double)s->counters.field;
+    AT_ZONE_COUNTERS(F_COUNTER_VALUE)
+#undef F_COUNTER_VALUE
 }
 
 static apr_array_header_t *zone_views(apr_pool_t *p)

@@ -83,7 +83,7 @@ static void test_running_and_waiting_count(void **state)
     /* ...while b may still queue behind them. */
     pthread_create(&thb, NULL, wait_then_release, &wb);
     wait_until_queued(z, 2);
-    assert_int_equal(stats_of(z).rejected_client, 1);
+    assert_int_equal(stats_of(z).counters.rejected_client, 1);
     assert_int_equal(stats_of(z).clients, 2);
     at_zone_release(z, &hold);
     pthread_join(th, NULL);
@@ -204,7 +204,7 @@ static void test_lock_repair_recounts(void **state)
     }
     waitpid(pid, NULL, 0);
     assert_int_equal(at_zone_acquire_for(z, &t, &a, NULL, NULL), AT_REJECTED_CLIENT);
-    assert_int_equal(stats_of(z).lock_repairs, 1);
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
     assert_int_equal(at_zone_acquire_for(z, &t, &b, NULL, NULL), AT_ADMITTED);
     assert_int_equal(stats_of(z).clients, 2);
     at_zone_release(z, &t);

@@ -120,7 +120,8 @@ static int observe(at_limit_t *c, workload_t *wl, int windows, double *mean,
  * within 25 % of `cores`. Returns how many of them ran below `cores`. */
 static int check_settles_near_cores(double cores, apr_uint32_t start, apr_uint32_t told)
 {
-    workload_t wl = {cores, 1000, 0.03, 1, 7, 0};
+    workload_t wl = {
+        .cores = cores, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 7};
     at_limit_t c;
     double mean;
     apr_uint32_t lo, hi;
@@ -173,7 +174,7 @@ static void test_few_probes_below_the_cores(void **state)
  * far less often than the limit. */
 static void test_held_level_is_where_probes_return(void **state)
 {
-    workload_t wl = {4, 1000, 0.03, 1, 7, 0};
+    workload_t wl = {.cores = 4, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 7};
     at_limit_t c;
     int limit_moves = 0, held_moves = 0, away = 0;
     (void)state;
@@ -213,7 +214,11 @@ static void test_noisy_windows_do_not_creep(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 300; seed++) {
-        workload_t wl = {2, 10, 0.06 * sqrt(3), 1, seed, 0};
+        workload_t wl = {.cores = 2,
+                         .demand = 10,
+                         .noise = 0.06 * sqrt(3),
+                         .slowdown = 1,
+                         .seed = seed};
         at_limit_t c;
         double mean;
         apr_uint32_t lo, hi;
@@ -242,7 +247,11 @@ static void test_overshoot_refines_the_same_way(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {2, 1000, 0.06 * sqrt(3), 1, seed, 0};
+        workload_t wl = {.cores = 2,
+                         .demand = 1000,
+                         .noise = 0.06 * sqrt(3),
+                         .slowdown = 1,
+                         .seed = seed};
         at_limit_t c;
         int above = 0;
 
@@ -260,7 +269,7 @@ static void test_overshoot_refines_the_same_way(void **state)
 
 static void test_sleep_bound_reaches_max(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 11, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 11};
     at_limit_t c;
     int i;
     (void)state;
@@ -280,7 +289,12 @@ static void test_sleep_bound_reaches_max(void **state)
  * throughput. The limit must get at least 0.9 x what 64 would give. */
 static void test_knee_gets_most_throughput(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 19, 760};
+    workload_t wl = {.cores = 0,
+                     .demand = 1000,
+                     .noise = 0.03,
+                     .slowdown = 1,
+                     .seed = 19,
+                     .ceiling = 760};
     at_limit_t c;
     double mean, got = 0;
     apr_uint32_t lo, hi;
@@ -305,8 +319,8 @@ static void test_knee_gets_most_throughput(void **state)
  * on, although latency never rises. */
 static void test_no_creep_under_mild_overload(void **state)
 {
-    workload_t cpu = {4, 1000, 0.05, 1, 3, 0};
-    workload_t flat = {0, 24, 0.05, 1, 4, 0};
+    workload_t cpu = {.cores = 4, .demand = 1000, .noise = 0.05, .slowdown = 1, .seed = 3};
+    workload_t flat = {.cores = 0, .demand = 24, .noise = 0.05, .slowdown = 1, .seed = 4};
     at_limit_t c;
     double mean_first, mean_last;
     apr_uint32_t lo, hi, lo2, hi2;
@@ -335,7 +349,7 @@ static void test_no_creep_under_mild_overload(void **state)
  * it must not leave it stuck low. */
 static void test_recovers_after_spike(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 5, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 5};
     at_limit_t c;
     apr_uint32_t during;
     int i;
@@ -364,7 +378,7 @@ static void test_recovers_after_spike(void **state)
  * moves the limit by at most one step. */
 static void test_one_outlier_one_step_at_most(void **state)
 {
-    workload_t wl = {8, 1000, 0.0, 1, 9, 0};
+    workload_t wl = {.cores = 8, .demand = 1000, .slowdown = 1, .seed = 9};
     at_limit_t c;
     at_window_t w;
     apr_uint32_t before, after;
@@ -396,7 +410,7 @@ static void test_one_outlier_one_step_at_most(void **state)
 /* Windows where demand stays below the limit never raise it. */
 static void test_light_load_never_raises(void **state)
 {
-    workload_t wl = {0, 3, 0.03, 1, 13, 0};
+    workload_t wl = {.cores = 0, .demand = 3, .noise = 0.03, .slowdown = 1, .seed = 13};
     at_limit_t c;
     (void)state;
 
@@ -411,7 +425,7 @@ static void test_light_load_never_raises(void **state)
  * windows). */
 static void test_follows_a_switch(void **state)
 {
-    workload_t wl = {0, 1000, 0.03, 1, 17, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 17};
     at_limit_t c;
     int down, up;
     (void)state;
@@ -456,7 +470,8 @@ static int worst_climb_after_computing(double cores, apr_uint32_t start, double 
     apr_uint32_t low = 64;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {cores, 1000, 0.03, 1, seed, 0};
+        workload_t wl = {
+            .cores = cores, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = seed};
         at_limit_t c;
         int up;
 
@@ -517,7 +532,12 @@ static void test_switch_during_a_step_down(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {0, 1000, 0.03, 1, seed, 760};
+        workload_t wl = {.cores = 0,
+                         .demand = 1000,
+                         .noise = 0.03,
+                         .slowdown = 1,
+                         .seed = seed,
+                         .ceiling = 760};
         at_limit_t c;
         int down, i;
 
@@ -597,7 +617,11 @@ static void test_flat_top_keeps_the_climb(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {2, 1000, 0.06 * sqrt(3), 1, seed, 0};
+        workload_t wl = {.cores = 2,
+                         .demand = 1000,
+                         .noise = 0.06 * sqrt(3),
+                         .slowdown = 1,
+                         .seed = seed};
         at_limit_t c;
         double got = 0;
 
@@ -631,7 +655,7 @@ static void test_flat_top_keeps_the_climb(void **state)
  * 44, from window 12 on); without the rule at all, from window 8. */
 static void test_climb_stops_near_the_knee(void **state)
 {
-    workload_t wl = {0, 1000, 0.0, 1, 1, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
     at_limit_t c;
     apr_uint32_t seen[30], last;
     int i, settled = 0;
@@ -672,7 +696,7 @@ static const measured_t s4_gentle[] = {{1, 5},    {10, 46},  {16, 76},
  * steps of the climb `fast` faster. */
 static apr_uint32_t held_after_gentle_climb(double slow, double fast)
 {
-    workload_t wl = {0, 1000, 0.0, 1, 1, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
     apr_uint32_t before = 13;
     at_limit_t c;
 
@@ -773,7 +797,11 @@ static void flat_top_walks(int runs, int *held_off, int *limit_off)
 {
     *held_off = *limit_off = 0;
     for (int seed = 1; seed <= runs; seed++) {
-        workload_t wl = {2, 1000, 0.03, 1, (unsigned)seed, 0};
+        workload_t wl = {.cores = 2,
+                         .demand = 1000,
+                         .noise = 0.03,
+                         .slowdown = 1,
+                         .seed = (unsigned)seed};
         apr_uint32_t held[60], limit[60];
         at_limit_t c;
 
@@ -824,7 +852,7 @@ static void test_flat_top_probes_are_confirmed(void **state)
  * end of that climb on. */
 static void test_windows_lengthen_at_the_top(void **state)
 {
-    workload_t wl = {0, 1000, 0.0, 1, 1, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
     at_limit_t c;
     at_window_t w;
     int i, short_windows = 0;
@@ -864,7 +892,7 @@ static void test_windows_lengthen_at_the_top(void **state)
 static apr_uint32_t after_probe_from_10(double gain)
 {
     const measured_t curve[] = {{1, 10}, {10, 100}, {12, 100 * (1 + gain)}, {64, 110}};
-    workload_t wl = {0, 1000, 0.0, 1, 1, 0};
+    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
     at_limit_t c;
     at_window_t w;
 
@@ -896,7 +924,7 @@ static void test_steps_stop_growing_at_the_knee(void **state)
  * much and puts it off once more; the one after that probes. */
 static void test_a_dip_puts_off_the_probe(void **state)
 {
-    workload_t wl = {4, 1000, 0.0, 1, 21, 0};
+    workload_t wl = {.cores = 4, .demand = 1000, .slowdown = 1, .seed = 21};
     at_limit_t c;
     at_window_t w;
     apr_uint32_t level;
@@ -961,7 +989,8 @@ static void test_follows_work_turning_heavier_gradually(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {0, 1000, 0.03, 1, seed, 0};
+        workload_t wl = {
+            .cores = 0, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = seed};
         at_limit_t c;
         int down = -1;
         double sum = 0;
@@ -1011,7 +1040,11 @@ static void test_shed_from_a_flat_top_goes_on_down(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 200; seed++) {
-        workload_t wl = {0, 1000, 0.05 * sqrt(3), 1, seed, 0};
+        workload_t wl = {.cores = 0,
+                         .demand = 1000,
+                         .noise = 0.05 * sqrt(3),
+                         .slowdown = 1,
+                         .seed = seed};
         at_limit_t c;
         int down;
 
@@ -1044,7 +1077,8 @@ static void test_shed_from_a_flat_top_goes_on_down(void **state)
  * known to 15 %, so the first shed is small (64 -> 40). */
 static int windows_to_cores_draining(unsigned seed, int partial)
 {
-    workload_t wl = {0, 1000, 0.03 * sqrt(3), 1, seed, 0};
+    workload_t wl = {
+        .cores = 0, .demand = 1000, .noise = 0.03 * sqrt(3), .slowdown = 1, .seed = seed};
     at_limit_t c;
     apr_uint32_t before;
     double t_before;

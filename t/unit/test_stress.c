@@ -107,7 +107,7 @@ static void test_stress(void **state)
     fprintf(stderr, "stress: %d processes x %d threads x %ld rounds = %ld pairs "
             "in %.2f s (%.0f pairs/s); max inside %d (limit %d); queued %lu times; "
             "refused %ld\n", procs, threads, rounds, total, secs, (double)total / secs,
-            witness->max_inside, LIMIT, (unsigned long)s.queued_total, witness->refused);
+            witness->max_inside, LIMIT, (unsigned long)s.counters.queued_total, witness->refused);
     assert_true(witness->max_inside <= LIMIT);
     assert_int_equal(witness->max_inside, LIMIT); /* the cap was really contended */
     assert_int_equal(witness->refused, 0);
@@ -115,8 +115,8 @@ static void test_stress(void **state)
     assert_int_equal(witness->inside, 0);
     assert_int_equal(s.active, 0);
     assert_int_equal(s.queued, 0);
-    assert_int_equal(s.admitted, (apr_uint64_t)total);
-    assert_true(s.queued_total > 0);
+    assert_int_equal(s.counters.admitted, (apr_uint64_t)total);
+    assert_true(s.counters.queued_total > 0);
     zone_free(zone);
 }
 

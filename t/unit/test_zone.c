@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "at_tuning.h"
 #include "at_zone.h"
 #include "zone_test_util.h"
 
@@ -52,8 +53,8 @@ static void test_slot_accounting(void **state)
     at_zone_release(z, &t[3]);
     at_zone_stats(z, &s);
     assert_int_equal(s.active, 0);
-    assert_int_equal(s.admitted, 4);
-    assert_int_equal(s.rejected_full, 1);
+    assert_int_equal(s.counters.admitted, 4);
+    assert_int_equal(s.counters.rejected_full, 1);
     zone_free(z);
 }
 
@@ -166,9 +167,9 @@ static void test_queue_full_rejects_at_once(void **state)
         assert_int_equal(a[i].result, AT_QUEUED);
     }
     at_zone_stats(z, &s);
-    assert_int_equal(s.rejected_full, 1);
-    assert_int_equal(s.queued_total, 2);
-    assert_int_equal(s.admitted, 3);
+    assert_int_equal(s.counters.rejected_full, 1);
+    assert_int_equal(s.counters.queued_total, 2);
+    assert_int_equal(s.counters.admitted, 3);
     zone_free(z);
 }
 
@@ -206,7 +207,7 @@ static void test_abort_leaves_queue(void **state)
     assert_true(a.wait_us < 200 * MS); /* one wait slice, not the timeout */
     at_zone_stats(z, &s);
     assert_int_equal(s.queued, 0);
-    assert_int_equal(s.aborted, 1);
+    assert_int_equal(s.counters.aborted, 1);
     at_zone_release(z, &hold);
     assert_int_equal(active_now(z), 0);
     zone_free(z);
@@ -235,7 +236,7 @@ static void test_reclaim_zombie_holder(void **state)
     assert_int_equal(at_zone_reclaim(z), 1);
     at_zone_stats(z, &s);
     assert_int_equal(s.active, 0);
-    assert_int_equal(s.reclaimed, 1);
+    assert_int_equal(s.counters.reclaimed, 1);
     waitpid(pid, NULL, 0);
     zone_free(z);
 }
@@ -334,7 +335,7 @@ static void test_lock_holder_dies(void **state)
     waitpid(pid, NULL, 0);
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
     at_zone_stats(z, &s);
-    assert_int_equal(s.lock_repairs, 1);
+    assert_int_equal(s.counters.lock_repairs, 1);
     assert_int_equal(s.active, 2); /* recount from records: dead holder + us */
     at_zone_release(z, &t);
     assert_int_equal(at_zone_reclaim(z), 1);
@@ -435,7 +436,7 @@ static void test_error_page_takes_only_a_free_slot(void **state)
     after = stats_of(z);
     assert_int_equal(after.active, 1);
     assert_int_equal(after.queued, 0);
-    assert_int_equal(after.rejected_full, before.rejected_full);
+    assert_int_equal(after.counters.rejected_full, before.counters.rejected_full);
     at_zone_release(z, &hold);
     before = stats_of(z);
     assert_int_equal(at_zone_acquire_now(z, &page), AT_ADMITTED);
@@ -445,7 +446,7 @@ static void test_error_page_takes_only_a_free_slot(void **state)
     at_zone_release(z, &page);
     after = stats_of(z);
     assert_int_equal(after.active, 0);
-    assert_int_equal(after.admitted, before.admitted);
+    assert_int_equal(after.counters.admitted, before.counters.admitted);
     assert_int_equal(after.service_all.n, before.service_all.n);
     zone_free(z);
 }
@@ -490,7 +491,7 @@ static void test_reconfigure_does_not_wait_for_the_lock(void **state)
         assert_int_equal(at_zone_acquire(z, &t[i], NULL, NULL), AT_ADMITTED);
     }
     assert_int_equal(stats_of(z).limit, 3);
-    assert_int_equal(stats_of(z).lock_repairs, 1);
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
     for (int i = 0; i < 3; i++) {
         at_zone_release(z, &t[i]);
     }
@@ -634,9 +635,9 @@ static void test_dry_run_never_refuses(void **state)
     at_zone_stats(z, &s);
     assert_int_equal(s.active, 0);
     assert_int_equal(s.over_cap, 0);
-    assert_int_equal(s.dry_run_queued, 2);
-    assert_int_equal(s.dry_run_rejected, 1);
-    assert_int_equal(s.rejected_full, 0);
+    assert_int_equal(s.counters.dry_run_queued, 2);
+    assert_int_equal(s.counters.dry_run_rejected, 1);
+    assert_int_equal(s.counters.rejected_full, 0);
     zone_free(z);
 }
 
@@ -882,7 +883,7 @@ static void test_predicted_wait_refused_at_once(void **state)
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_PREDICTED);
     assert_true(at_now_us() - t0 < 50 * MS);
     at_zone_stats(z, &s);
-    assert_int_equal(s.rejected_predicted, 1);
+    assert_int_equal(s.counters.rejected_predicted, 1);
     assert_int_equal(s.queued, 0);
     assert_true(at_zone_retry_after(z) >= 1);
     at_zone_release(z, &hold);

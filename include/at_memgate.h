@@ -1,0 +1,46 @@
+/*
+ * mem=: memory as a second condition for a request to start. The gate
+ * keeps the last reading of available memory (at_mem_read) and a ledger of
+ * the memory promised to started requests that no reading shows yet, so
+ * that a burst cannot overshoot and nothing is counted twice. It lives in
+ * the zone's shared memory; the zone calls it under its lock.
+ */
+#ifndef AT_MEMGATE_H
+#define AT_MEMGATE_H
+
+#include <apr.h>
+
+typedef struct {
+    apr_uint64_t bytes;      /* mem=; 0: the gate is open */
+    apr_uint64_t avail;      /* the last reading */
+    apr_int64_t read_us;     /* when it was taken */
+    apr_uint64_t pending;    /* promised to started requests, not yet in a reading */
+    apr_uint64_t freed;      /* given back by requests that ended since the reading */
+    apr_uint64_t early_free; /* came back before its request ended */
+    apr_uint32_t source;     /* an at_mem_source_t */
+    apr_uint32_t pad;
+    apr_uint64_t held;        /* requests held back by memory alone */
+    apr_uint64_t read_errors; /* readings that failed */
+} at_memgate_t;
+
+/* How many running requests started less than settle_us before now: the
+ * most whose memory a reading may not show yet. */
+typedef apr_uint32_t (*at_memgate_young_fn)(void *ctx, apr_int64_t now,
+                                            apr_int64_t settle_us);
+
+/* Where readings come from: "" (the default) for the real /proc and /sys;
+ * tests point it at a directory laid out the same way. settle_us replaces
+ * AT_MEM_SETTLE_US (negative: the default). Process-wide. */
+void at_memgate_set_reading(const char *root, apr_int64_t settle_us);
+
+/* Whether one more request may start now (1 when the gate is open or no
+ * reading can be had); takes a new reading when the last is too old. name
+ * is the zone's, for the one warning logged when readings fail. */
+int at_memgate_allows(at_memgate_t *g, apr_int64_t now, apr_uint32_t active,
+                      at_memgate_young_fn young, void *ctx, const char *name);
+
+void at_memgate_started(at_memgate_t *g);
+/* A request that ran ran_us ended. */
+void at_memgate_ended(at_memgate_t *g, apr_int64_t ran_us);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * The core's tuning constants, in microseconds: how often it looks, how
+ * long limit=auto measures, how mem= trusts its readings. Internal to the
+ * core; documented where the behaviour they tune is (docs/).
+ */
+#ifndef AT_TUNING_H
+#define AT_TUNING_H
+
+/* Intervals, in microseconds: how often a waiter looks at its client, and
+ * how often a zone checks its owners for dead processes. */
+#define AT_WAIT_SLICE_US 50000
+#define AT_RECLAIM_INTERVAL_US 250000
+/* limit=auto judges windows of at least this long, and at least the
+ * service times at_limit_window_services() asks for, up to
+ * AT_AUTO_WINDOW_LONG_US for the AT_LIMIT_WINDOW_SERVICES of a climb (twice
+ * that at the top), with enough requests (at_limit_enough_samples) or else
+ * at most AT_AUTO_WINDOW_MAX_US. */
+#define AT_AUTO_WINDOW_MIN_US 250000
+#define AT_AUTO_WINDOW_LONG_US 1000000
+#define AT_AUTO_WINDOW_MAX_US 10000000
+/* mem=: how old the reading of available memory may get while there is
+ * room, and while memory holds requests back. */
+#define AT_MEM_READ_US 250000
+#define AT_MEM_REREAD_US 20000
+/* A request's memory is taken to show in the readings at the latest this
+ * long after it started; one that ends sooner than AT_MEM_QUICK_US is
+ * taken to have taken none. */
+#define AT_MEM_SETTLE_US 1000000
+#define AT_MEM_QUICK_US 50000
+/* Recent percentiles cover the current and the previous window. */
+#define AT_WINDOW_US (60 * APR_INT64_C(1000000))
+
+#endif
