@@ -1,6 +1,5 @@
-# S4's server, load and switch, shared by bench/s4-adaptive and
-# bench/s4-switch. Needs bench/lib.sh sourced and bench_setup run, and
-# $port set.
+# S4's server, load and switch, for bench/s4-adaptive (all its modes).
+# Needs bench/lib.sh sourced and bench_setup run, and $port set.
 #
 # S4_SLEEP picks the sleep-bound handler: "cgi" (default) the CGI sleeping
 # 200 ms, which still forks once a request, so that on two cores its
