@@ -167,11 +167,6 @@ apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
  * 60 requests. 0: nothing measured yet. */
 apr_uint64_t at_typical_service_after(apr_uint64_t typical, apr_int64_t us);
 
-/* Where mem= reads /proc and /sys from: "" (the default) for the real
- * ones; tests point it at a directory laid out the same way. settle_us
- * replaces AT_MEM_SETTLE_US (negative: the default). Process-wide; set it
- * before the first request. */
-void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us);
 
 #ifdef AT_TEST_HOOKS
 /* Fault injection for tests: take the zone lock and never release it. */

@@ -19,10 +19,7 @@
 
 #include <apr_strings.h>
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
@@ -111,11 +108,6 @@ struct at_zone {
 #ifdef AT_TEST_HOOKS
 void (*at_test_step_hook)(int where, int step);
 #endif
-
-void at_zone_set_mem_reading(const char *root, apr_int64_t settle_us)
-{
-    at_memgate_set_reading(root, settle_us);
-}
 
 static at_slot_t *slots(at_zone_t *z)
 {

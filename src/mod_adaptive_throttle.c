@@ -27,6 +27,7 @@
 #include "mod_status.h"
 
 #include "at_mem.h"
+#include "at_memgate.h"
 #include "at_parse.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
@@ -378,7 +379,7 @@ static void arm_mem_root(server_rec *s)
     const char *settle = getenv(MEM_SETTLE_ENV);
 
     if (*mem_root()) {
-        at_zone_set_mem_reading(mem_root(), settle ? apr_atoi64(settle) * 1000 : -1);
+        at_memgate_set_reading(mem_root(), settle ? apr_atoi64(settle) * 1000 : -1);
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, MEM_ROOT_ENV " is set: mem= "
                      "reads the available memory under %s (a test)", mem_root());
     }

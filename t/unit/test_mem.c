@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "at_mem.h"
+#include "at_memgate.h"
 #include "at_zone.h"
 #include "zone_test_util.h"
 
@@ -205,7 +206,7 @@ static at_zone_t *zone_mem(apr_uint32_t limit, apr_uint32_t queue, apr_uint64_t 
     at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 5000 * MS,
                         .retry_after = AT_RETRY_AFTER_AUTO, .mem_bytes = mem};
 
-    at_zone_set_mem_reading(root, settle_us);
+    at_memgate_set_reading(root, settle_us);
     return zone_new_conf(&c);
 }
 
@@ -364,7 +365,7 @@ static void test_early_free_not_counted_twice(void **state)
     (void)state;
 
     meminfo(1000 * MiB);
-    at_zone_set_mem_reading(root, FOREVER);
+    at_memgate_set_reading(root, FOREVER);
     z = zone_new_conf(&c);
     assert_int_equal(at_zone_acquire(z, &ta, NULL, NULL), AT_ADMITTED);
     meminfo(600 * MiB); /* a has taken its memory */
@@ -393,7 +394,7 @@ static void test_timeout_while_held(void **state)
     (void)state;
 
     meminfo(200 * MiB);
-    at_zone_set_mem_reading(root, FOREVER);
+    at_memgate_set_reading(root, FOREVER);
     z = zone_new_conf(&c);
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_TIMEOUT);
     assert_int_equal(stats_of(z).queued, 0);
