@@ -1,5 +1,6 @@
-# The example configurations in conf/examples parse, and the CGI example
-# throttles requests that come from this host: a reverse proxy on the same
+# The example configurations in conf/examples parse, so does the shipped
+# conf/adaptive_throttle.conf as is and with its setups uncommented, and
+# the CGI example throttles requests that come from this host: a reverse proxy on the same
 # machine sends every request from 127.0.0.1, so bypassing loopback would
 # turn the throttle off for all of them.
 use strict;
@@ -11,7 +12,7 @@ use ThrottleT;
 use File::Temp qw(tempdir);
 
 my $examples = Apache::Test::vars('serverroot') . '/../examples';
-plan tests => 2, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 4, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                         'conf/examples copied beside the suite' => -d $examples };
 
 my $cgi = Apache::Test::vars('serverroot') . '/cgi-bin';
@@ -37,8 +38,8 @@ my $apxs = $ENV{APXS} || 'apxs';
 my $moddir = `$apxs -q LIBEXECDIR`;
 chomp $moddir;
 my @inherit = do { open my $in, '<', $ENV{INHERIT_CONF} or die; <$in> };
-my @bad;
-for my $ex (glob "$examples/*.conf") {
+sub httpd_t {
+    my ($ex) = @_;
     my $dir = tempdir(CLEANUP => 1);
     open my $fh, '>', "$dir/httpd.conf" or die;
     print $fh @inherit;
@@ -49,7 +50,28 @@ for my $ex (glob "$examples/*.conf") {
             . "ErrorLog $dir/error_log\nInclude $ex\n";
     close $fh;
     my $out = `$httpd -t -d $dir -f $dir/httpd.conf 2>&1`;
-    push @bad, "$ex: $out" unless $? == 0;
+    return $? == 0 ? '' : "$ex: $out";
 }
+my @bad = grep { $_ } map { httpd_t($_) } glob "$examples/*.conf";
 print STDERR "# examples.t: $_" for @bad;
 ok t_cmp(scalar @bad, 0, 'every example in conf/examples passes httpd -t');
+
+# The configuration the packages install: safe as is, and each setup its
+# comments show is a working configuration once uncommented.
+my $shipped = Apache::Test::vars('serverroot') . '/../shipped/adaptive_throttle.conf';
+my $as_is = -f $shipped ? httpd_t($shipped) : "no $shipped";
+print STDERR "# examples.t: $as_is" if $as_is;
+ok t_cmp($as_is, '', 'the shipped adaptive_throttle.conf passes httpd -t as is');
+my $dir = tempdir(CLEANUP => 1);
+my $n = 0;
+if (open my $in, '<', $shipped) {
+    open my $out, '>', "$dir/uncommented.conf" or die;
+    while (my $line = <$in>) {
+        $n++ if $line =~ s/^(\s*)#(Throttle\w+ )/$1$2/;
+        print $out $line;
+    }
+}
+my $uncommented = httpd_t("$dir/uncommented.conf");
+print STDERR "# examples.t: $uncommented" if $uncommented;
+ok t_cmp("$n lines, " . ($uncommented || 'httpd -t ok'), '6 lines, httpd -t ok',
+         'its three setups, uncommented, pass httpd -t');
