@@ -3,9 +3,9 @@
  * Every request is recorded (start and end in microseconds from the start
  * of the run, and the status; 0 for a connection error), so that any
  * statistic can be computed afterwards. Bounded by time and by count, and
- * talks to 127.0.0.1 only.
+ * talks to the loopback network only (127.0.0.1, or -a 127.x.y.z).
  *
- *   loadgen -p PORT -c CLIENTS -d SECONDS [-n MAX_REQUESTS] [-u PATH]
+ *   loadgen [-a 127.x.y.z] -p PORT -c CLIENTS -d SECONDS [-n MAX_REQUESTS] [-u PATH]
  *           [-r] [-o FILE]
  *
  *   -r  honour Retry-After: after a 503 a client waits that many seconds
@@ -40,6 +40,7 @@ typedef struct {
 } samples_t;
 
 static int port, clients, honour_retry_after;
+static in_addr_t target_addr; /* network order; 127.0.0.0/8 only */
 static double seconds, rate;
 static long arrivals;
 static long max_requests;
@@ -86,7 +87,7 @@ static int one_request(int *retry_after)
     memset(&sa, 0, sizeof(sa));
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_addr.s_addr = target_addr;
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
         close(fd);
         return 0;
@@ -174,8 +175,16 @@ int main(int argc, char **argv)
     FILE *f = stdout;
     int opt, i;
 
-    while ((opt = getopt(argc, argv, "p:c:d:n:u:o:rR:")) != -1) {
+    target_addr = htonl(INADDR_LOOPBACK);
+    while ((opt = getopt(argc, argv, "a:p:c:d:n:u:o:rR:")) != -1) {
         switch (opt) {
+        case 'a':
+            if (inet_pton(AF_INET, optarg, &target_addr) != 1
+                || (ntohl(target_addr) >> 24) != 127) {
+                fprintf(stderr, "loadgen: -a takes a loopback address (127.x.y.z)\n");
+                return 2;
+            }
+            break;
         case 'p': port = atoi(optarg); break;
         case 'c': clients = atoi(optarg); break;
         case 'd': seconds = atof(optarg); break;
@@ -185,7 +194,7 @@ int main(int argc, char **argv)
         case 'r': honour_retry_after = 1; break;
         case 'R': rate = atof(optarg); break;
         default:
-            fprintf(stderr, "usage: loadgen -p PORT -c CLIENTS -d SECONDS [-n MAX] "
+            fprintf(stderr, "usage: loadgen [-a 127.x.y.z] -p PORT -c CLIENTS -d SECONDS [-n MAX] "
                             "[-u PATH] [-r] [-R RATE] [-o FILE]\n");
             return 2;
         }

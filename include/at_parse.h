@@ -29,6 +29,7 @@ typedef struct {
     apr_uint64_t read_body;   /* body bytes read before a slot is taken; 0: off */
     apr_uint32_t retry_after_max;  /* ceiling of retry_after=auto; 0: the default */
     apr_uint32_t client_v6_prefix; /* per_client: IPv6 prefix length; 0: the default */
+    apr_uint32_t refuse_status;    /* status=: 503 (the default) or 429 */
 } at_zone_conf_t;
 
 #define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */
@@ -42,6 +43,11 @@ typedef struct {
  * retry_after_max says otherwise: a client told to stay away for minutes
  * is a client lost. */
 #define AT_RETRY_AFTER_CEILING 30
+
+/* status=: what a refused request is answered with. 429 tells a load
+ * balancer the request may be replayed on another host and is not a
+ * server error. */
+#define AT_REFUSE_STATUS_DEFAULT 503
 
 /* per_client counts IPv6 clients per /64 (one site's subnet) by default;
  * per_client_v6 takes /32 to /128. */

@@ -151,6 +151,14 @@ apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
 
+/* The few numbers a load balancer is told, read without the zone's lock:
+ * a stopped or busy lock holder never delays them. Each is read whole;
+ * together they may be a moment apart. */
+typedef struct {
+    apr_uint32_t limit, active, queued, queue_cap;
+} at_zone_glance_t;
+void at_zone_glance(at_zone_t *z, at_zone_glance_t *out);
+
 /* Seconds a rejected client should wait before retrying (>= 1): the fixed
  * retry_after, or for retry_after=auto at_retry_after_secs() of the zone. */
 apr_uint32_t at_zone_retry_after(at_zone_t *z);

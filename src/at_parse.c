@@ -259,6 +259,15 @@ static const char *parse_v6_prefix(apr_pool_t *p, const char *v, at_zone_conf_t 
                : NULL;
 }
 
+static const char *parse_status(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    if (strcmp(v, "503") == 0 || strcmp(v, "429") == 0) {
+        c->refuse_status = v[0] == '5' ? 503 : 429;
+        return NULL;
+    }
+    return apr_psprintf(p, "'%s' is not a refusal status: 503 or 429", v);
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -275,10 +284,11 @@ static const struct {
     {"read_body", parse_read_body},
     {"retry_after_max", parse_retry_after_max},
     {"per_client_v6", parse_v6_prefix},
+    {"status", parse_status},
 };
 
 #define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, " \
-                 "read_body, retry_after_max, per_client_v6"
+                 "read_body, retry_after_max, per_client_v6, status"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -341,6 +351,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
                         .retry_after = AT_RETRY_AFTER_AUTO,
                         .read_body = AT_READ_BODY_DEFAULT,
                         .retry_after_max = AT_RETRY_AFTER_CEILING,
+                        .refuse_status = AT_REFUSE_STATUS_DEFAULT,
                         .client_v6_prefix = AT_CLIENT_V6_PREFIX};
     int seen[NKEYS] = {0};
     const char *auto_err;

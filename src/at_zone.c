@@ -17,6 +17,7 @@
 #include "at_sensor.h"
 #include "at_tuning.h"
 
+#include <apr_atomic.h>
 #include <apr_strings.h>
 #include <errno.h>
 #include <pthread.h>
@@ -1133,6 +1134,14 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 }
 
 /* ---- reading ------------------------------------------------------------ */
+
+void at_zone_glance(at_zone_t *z, at_zone_glance_t *g)
+{
+    g->limit = apr_atomic_read32(&z->limit);
+    g->active = apr_atomic_read32(&z->active);
+    g->queued = apr_atomic_read32(&z->queued);
+    g->queue_cap = apr_atomic_read32(&z->queue_cap);
+}
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
 {

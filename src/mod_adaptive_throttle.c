@@ -48,10 +48,6 @@ typedef struct {
     zone_ref_t *ref;
 } handler_map_t;
 
-typedef struct {
-    apr_array_header_t *handlers; /* handler_map_t */
-} srv_conf_t;
-
 enum { ZONE_UNSET = 0, ZONE_SET, ZONE_OFF };
 
 typedef struct {
@@ -93,7 +89,7 @@ const char *at_cmd_where(cmd_parms *cmd)
                         cmd->directive->line_num);
 }
 
-static zone_ref_t *ref_for(cmd_parms *cmd, const char *name)
+zone_ref_t *at_zone_ref_for(cmd_parms *cmd, const char *name)
 {
     zone_ref_t *ref;
 
@@ -134,7 +130,7 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
     if (err) {
         return apr_psprintf(cmd->pool, "ThrottleZone %s: %s", argv[0], err);
     }
-    ref = ref_for(cmd, argv[0]);
+    ref = at_zone_ref_for(cmd, argv[0]);
     if (ref->defined_at) {
         return apr_psprintf(cmd->pool, "ThrottleZone %s: zone already defined at %s",
                             argv[0], ref->defined_at);
@@ -159,7 +155,7 @@ static const char *set_throttle(cmd_parms *cmd, void *dconf, const char *name)
                            NULL);
     }
     d->zone_state = ZONE_SET;
-    d->ref = ref_for(cmd, name);
+    d->ref = at_zone_ref_for(cmd, name);
     return NULL;
 }
 
@@ -190,7 +186,7 @@ static const char *set_handler_zone(cmd_parms *cmd, void *dummy,
     m = apr_array_push(sc->handlers);
     m->pattern = apr_pstrdup(cmd->pool, handler);
     m->is_glob = apr_fnmatch_test(handler);
-    m->ref = ref_for(cmd, name);
+    m->ref = at_zone_ref_for(cmd, name);
     return NULL;
 }
 
@@ -223,6 +219,7 @@ static void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     srv_conf_t *base = basev, *add = addv, *sc = apr_pcalloc(p, sizeof(*sc));
 
     sc->handlers = apr_array_append(p, add->handlers, base->handlers);
+    sc->agent = add->agent; /* only where ThrottleAgent is written */
     return sc;
 }
 
@@ -724,7 +721,7 @@ static int throttle_handler(request_rec *r)
     at_result_t res;
     int rc;
 
-    if (r->main) {
+    if (r->main || at_is_own_handler(r)) {
         return DECLINED;
     }
     while (top->prev) {
@@ -779,7 +776,7 @@ static int throttle_handler(request_rec *r)
         st->refused = 1;
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
-        return HTTP_SERVICE_UNAVAILABLE;
+        return (int)ref->conf.refuse_status;
     case AT_ABORTED:
         st->refused = 1;
         r->connection->keepalive = AP_CONN_CLOSE;
@@ -821,7 +818,7 @@ static const command_rec throttle_cmds[] = {
                       "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
                       "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
                       "[per_client=N [per_client_v6=/64]] [mem=SIZE] [read_body=SIZE] "
-                      "[retry_after_max=SECONDS]: a shared cap and queue"),
+                      "[retry_after_max=SECONDS] [status=503|429]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
@@ -830,6 +827,12 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE1("ThrottleBypass", set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
                   "ThrottleBypass EXPR: requests for which EXPR is true are not "
                   "throttled"),
+    AP_INIT_TAKE1("ThrottleAgent", at_set_agent, NULL, RSRC_CONF,
+                  "ThrottleAgent NAME: connections to this virtual host's address "
+                  "get HAProxy's agent-check line for zone NAME instead of HTTP"),
+    AP_INIT_TAKE1("ThrottleDrainFile", at_set_drain_file, NULL, RSRC_CONF,
+                  "ThrottleDrainFile PATH: while PATH exists, the agent says drain "
+                  "and throttle-health answers 503"),
     AP_INIT_TAKE2("ThrottleChildLifetime", at_set_child_lifetime, NULL, RSRC_CONF,
                   "ThrottleChildLifetime MIN MAX: each child serves a number of "
                   "connections drawn from [MIN, MAX], then retires"),
@@ -850,6 +853,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     /* First among handlers: by now the final handler is known. */
     ap_hook_handler(throttle_handler, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_handler(at_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    at_lb_register_hooks();
     APR_OPTIONAL_HOOK(ap, status_hook, at_status_section, NULL, NULL, APR_HOOK_MIDDLE);
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);

@@ -24,6 +24,15 @@ typedef struct {
     at_zone_t *zone;
 } zone_ref_t;
 
+/* The module's per-server configuration. */
+typedef struct {
+    apr_array_header_t *handlers; /* ThrottleHandler mappings */
+    zone_ref_t *agent;            /* ThrottleAgent: this vhost speaks the agent */
+} srv_conf_t;
+
+/* The ref of zone NAME, made at its first mention by any directive. */
+zone_ref_t *at_zone_ref_for(cmd_parms *cmd, const char *name);
+
 /* "file:line" of the directive being read, for error messages. */
 const char *at_cmd_where(cmd_parms *cmd);
 
@@ -51,5 +60,14 @@ void at_body_register(void);
 /* Status page: the throttle-status handler and the mod_status section. */
 int at_status_handler(request_rec *r);
 int at_status_section(request_rec *r, int flags);
+
+/* Load balancers (mod_adaptive_throttle_lb.c): ThrottleAgent, the
+ * throttle-health handler and ThrottleDrainFile. */
+const char *at_set_agent(cmd_parms *cmd, void *dummy, const char *name);
+const char *at_set_drain_file(cmd_parms *cmd, void *dummy, const char *path);
+void at_lb_register_hooks(void);
+
+/* The module's own handlers (status, health) are never throttled. */
+int at_is_own_handler(const request_rec *r);
 
 #endif

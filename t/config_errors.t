@@ -71,6 +71,12 @@ my @bad = (
     ['ThrottleChildMaxAge 1h 10',                 qr/ThrottleChildMaxAge: jitter '10' must be a percentage/],
     ['ThrottleChildMaxAge 1h 95%',                qr/ThrottleChildMaxAge: jitter '95%'.*0% to 90%/],
     ['ThrottleChildMaxAge soon',                  qr/ThrottleChildMaxAge: 'soon' is not a duration/],
+    ['ThrottleZone web limit=2 status=500',       qr/ThrottleZone web: .*status.*'500' is not a refusal status: 503 or 429/],
+    ["ThrottleZone web limit=2\nThrottleAgent web", qr/ThrottleAgent belongs in a <VirtualHost>/],
+    ["<VirtualHost 127.0.0.1:1>\nThrottleAgent nowhere\n</VirtualHost>", qr/zone 'nowhere' is used at .* but never defined/],
+    ["<VirtualHost 127.0.0.1:1>\nThrottleAgent\n</VirtualHost>", qr/ThrottleAgent takes one argument/],
+    ["<Location /x>\nThrottleAgent web\n</Location>", qr/ThrottleAgent not allowed in <Location> context/],
+    ["<VirtualHost 127.0.0.1:1>\nThrottleDrainFile /tmp/x\n</VirtualHost>", qr/ThrottleDrainFile cannot occur within <VirtualHost>/],
 );
 
 my $inherit = $ENV{INHERIT_CONF};

@@ -15,18 +15,9 @@ my $examples = Apache::Test::vars('serverroot') . '/../examples';
 plan tests => 4, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                         'conf/examples copied beside the suite' => -d $examples };
 
-my $cgi = Apache::Test::vars('serverroot') . '/cgi-bin';
 my $probes = tempdir(CLEANUP => 1);
 chmod 0777, $probes;
-my $srv = private_server(<<"CONF");
-Include $examples/cgi.conf
-SetEnv PROBE_DIR $probes
-<Directory "$cgi">
-    Options +ExecCGI
-    Require all granted
-</Directory>
-ScriptAlias /cgi-bin/ "$cgi/"
-CONF
+my $srv = private_server("Include $examples/cgi.conf\n" . cgi_conf($probes));
 my $r = $srv->{get}->('/cgi-bin/probe.cgi?tag=example');
 ok t_cmp("$r->{status} " . ($r->{body} =~ /result=(\S+)/)[0], '200 admitted',
          'a CGI request from 127.0.0.1 is throttled, not bypassed');

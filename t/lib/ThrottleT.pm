@@ -17,7 +17,7 @@ use Apache::TestRequest;
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
                  probe_order probe_reset wait_until hostport server_pid
                  load_loop restarts_seen private_server children_of
-                 open_request server_process_of);
+                 open_request server_process_of free_port cgi_conf agent_conf);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -198,17 +198,49 @@ sub restarts_seen {
 # mod_cgid; $opt{env} adds variables to the server's environment. Returns
 # { dir, port, pid, get(path), stop(), log() }. It is stopped by pid, and
 # only by the test that started it.
+# A TCP port free on 127.0.0.1 now.
+sub free_port {
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1)
+        or die "no free port: $!";
+    return $s->sockport;
+}
+
+# Configuration lines for a private server: the suite's CGIs (probe.cgi
+# and the others) under each of @aliases (default /cgi-bin/), witnessing
+# into $probes.
+sub cgi_conf {
+    my ($probes, @aliases) = @_;
+    my $cgi = Apache::Test::vars('serverroot') . '/cgi-bin';
+    return join '', "SetEnv PROBE_DIR $probes\n<Directory \"$cgi\">\n",
+        "    Options +ExecCGI\n    Require all granted\n</Directory>\n",
+        map { "ScriptAlias $_ \"$cgi/\"\n" } @aliases ? @aliases : ('/cgi-bin/');
+}
+
+# A virtual host of its own on 127.0.0.1:$port answering the agent-check
+# for $zone.
+sub agent_conf {
+    my ($port, $zone) = @_;
+    return "Listen 127.0.0.1:$port\n<VirtualHost 127.0.0.1:$port>\n"
+         . "    ThrottleAgent $zone\n</VirtualHost>\n";
+}
+
+# Servers started by this test, stopped at its end even if it dies midway
+# (by the process that started them, not by forked clients).
+our @private_servers;
+END {
+    for my $srv (@private_servers) {
+        next unless $srv->{pid} && $srv->{owner} == $$ && kill 0, $srv->{pid};
+        kill 'TERM', $srv->{pid};
+    }
+}
+
 sub private_server {
     my ($conf, %opt) = @_;
     my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
     my $httpd = $ENV{HTTPD} || Apache::Test::vars('httpd');
     my $dir = tempdir(CLEANUP => !$ENV{KEEP});
     chmod 0755, $dir;
-    my $port = do {
-        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                                      Listen => 1) or die;
-        $s->sockport;
-    };
+    my $port = free_port();
     open my $in, '<', $inherit or die;
     my @modules = <$in>;
     for my $m (@{ $opt{without} || [] }) {
@@ -248,7 +280,8 @@ CONF
     local @ENV{keys %{ $opt{env} || {} }} = values %{ $opt{env} || {} };
     system($httpd, '-d', $dir, '-f', "$dir/httpd.conf", '-k', 'start') == 0
         or die 'private httpd did not start: ' . $read->("$dir/error_log");
-    my $srv = { dir => $dir, port => $port };
+    my $srv = { dir => $dir, port => $port, owner => $$ };
+    push @private_servers, $srv;
     wait_until(sub { -s "$dir/httpd.pid" }, 10) or die 'no pid file';
     ($srv->{pid} = $read->("$dir/httpd.pid")) =~ s/\s+//g;
     $srv->{get} = sub {

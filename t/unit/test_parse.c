@@ -222,6 +222,29 @@ static void test_hardening_keys(void **state)
     assert_int_equal(c.client_v6_prefix, 48);
 }
 
+static void test_refusal_status(void **state)
+{
+    static const char *const bad[] = {"status=500", "status=200", "status=4290",
+                                      "status=", "status=too_many"};
+    at_zone_conf_t c;
+    size_t i;
+    (void)state;
+
+    assert_null(parse_line("limit=2", &c));
+    assert_int_equal(c.refuse_status, 503);
+    assert_null(parse_line("limit=2 status=429", &c));
+    assert_int_equal(c.refuse_status, 429);
+    assert_null(parse_line("limit=2 status=503", &c));
+    assert_int_equal(c.refuse_status, 503);
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *err = parse_line(apr_pstrcat(pool, "limit=2 ", bad[i], NULL), &c);
+
+        if (!err || !strstr(err, "status")) {
+            fail_msg("'%s' gave %s", bad[i], err ? err : "no error");
+        }
+    }
+}
+
 static void test_zone_names(void **state)
 {
     (void)state;
@@ -249,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_mem_sizes),
         cmocka_unit_test(test_zone_names),
         cmocka_unit_test(test_hardening_keys),
+        cmocka_unit_test(test_refusal_status),
     };
     int rc;
 
