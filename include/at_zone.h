@@ -29,7 +29,8 @@ typedef enum {
     AT_DRY_RUN_QUEUED,    /* dry run: would have waited; runs now, no slot */
     AT_DRY_RUN_REJECTED,  /* dry run: would have got 503; runs now, no slot */
     AT_REJECTED_CLIENT,   /* the client already has per_client requests in */
-    AT_REJECTED_PREDICTED /* limit=auto: its wait would outlast the timeout */
+    AT_REJECTED_PREDICTED, /* limit=auto: its wait would outlast the timeout */
+    AT_REJECTED_WORKERS    /* would wait, but the server is short of idle workers */
 } at_result_t;
 
 typedef struct {
@@ -58,6 +59,8 @@ typedef struct {
       "reason=\"predicted\"", NULL)                                                     \
     X(rejected_client, "RejectedClient", "rejected_client", "rejected_total",          \
       "reason=\"client\"", NULL)                                                        \
+    X(rejected_workers, "RejectedWorkers", "rejected_workers", "rejected_total",       \
+      "reason=\"workers\"", NULL)                                                       \
     X(aborted, "Aborted", "aborted", "aborted_total", NULL,                            \
       "Waiting requests whose client went away.")                                       \
     X(reclaimed, "Reclaimed", "reclaimed", "reclaimed_total", NULL,                    \
@@ -131,6 +134,13 @@ at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
 at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
                                 const at_client_key_t *client, at_abort_fn fn,
                                 void *ctx);
+
+/* As at_zone_acquire_for; with may_wait 0 a request that finds no slot is
+ * not queued but refused at once (AT_REJECTED_WORKERS): a waiter holds
+ * its worker, and the caller knows the server has too few to spare. */
+at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
+                               const at_client_key_t *client, int may_wait,
+                               at_abort_fn fn, void *ctx);
 
 /* For an error page of a refused request whose target is itself in this
  * zone: a slot free at once (AT_ADMITTED), or AT_REJECTED_FULL. It never

@@ -991,6 +991,13 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
                                 const at_client_key_t *client,
                                 at_abort_fn abort_fn, void *ctx)
 {
+    return at_zone_acquire_if(z, t, client, 1, abort_fn, ctx);
+}
+
+at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
+                               const at_client_key_t *client, int may_wait,
+                               at_abort_fn abort_fn, void *ctx)
+{
     static const at_client_key_t nobody;
     const at_owner_t *self = at_owner_self();
     apr_int64_t start = at_now_us();
@@ -1042,6 +1049,12 @@ at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
         at_sensor_refused(&z->sensor);
         zone_unlock(z);
         return AT_REJECTED_FULL;
+    }
+    if (!may_wait) {
+        z->counters.rejected_workers++;
+        at_sensor_refused(&z->sensor);
+        zone_unlock(z);
+        return AT_REJECTED_WORKERS;
     }
     if (wait_predicted_too_long(z)) {
         z->counters.rejected_predicted++;

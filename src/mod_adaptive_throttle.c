@@ -319,27 +319,6 @@ static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
     return apr_shm_baseaddr_get(shm);
 }
 
-/* Waiters hold workers: a zone whose running and waiting requests can take
- * every worker would leave none for static files. */
-static void warn_if_workers_short(server_rec *s, const zone_ref_t *ref)
-{
-    int daemons = 0, threads = 0;
-    apr_uint64_t workers, need = (apr_uint64_t)at_conf_highest_limit(&ref->conf) + ref->conf.queue;
-
-    if (ap_mpm_query(AP_MPMQ_MAX_DAEMONS, &daemons) != APR_SUCCESS
-        || ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads) != APR_SUCCESS || daemons <= 0) {
-        return;
-    }
-    workers = (apr_uint64_t)daemons * (threads > 0 ? (apr_uint64_t)threads : 1);
-    if (need >= workers) {
-        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, "zone %s: limit (or max) + queue (%"
-                     APR_UINT64_T_FMT ") >= MaxRequestWorkers (%" APR_UINT64_T_FMT
-                     "): waiting requests can take every worker and other requests "
-                     "would wait for one; lower queue= or raise MaxRequestWorkers",
-                     ref->name, need, workers);
-    }
-}
-
 #ifdef AT_TEST_HOOKS
 /* Fault injection for the test suite (built into the test module only,
  * armed from the server's own environment): the first request to reach a
@@ -477,8 +456,8 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                          APR_HASH_KEY_STRING, z);
         }
         ref->zone = z;
-        warn_if_workers_short(s, ref);
     }
+    at_warn_if_workers_short(s, ptemp);
     arm_lock_holder(s);
     arm_mem_root(s);
     warn_if_mem_blind(s, ptemp);
@@ -646,6 +625,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_TIMEOUT: return "rejected-timeout";
     case AT_REJECTED_CLIENT: return "rejected-client";
     case AT_REJECTED_PREDICTED: return "rejected-predicted";
+    case AT_REJECTED_WORKERS: return "rejected-workers";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -753,7 +733,8 @@ static int throttle_handler(request_rec *r)
      * told mod_remoteip which proxies to believe. */
     at_client_key_from_sockaddr(r->useragent_addr, ref->conf.client_v6_prefix, &client);
     maybe_hang_holding_lock(r, ref->zone);
-    res = at_zone_acquire_for(ref->zone, &st->ticket, &client, client_gone, r);
+    res = at_zone_acquire_if(ref->zone, &st->ticket, &client, at_may_wait(ref->zone),
+                             client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s%s, waited %" APR_INT64_T_FMT
@@ -773,6 +754,7 @@ static int throttle_handler(request_rec *r)
     case AT_REJECTED_TIMEOUT:
     case AT_REJECTED_CLIENT:
     case AT_REJECTED_PREDICTED:
+    case AT_REJECTED_WORKERS:
         st->refused = 1;
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
@@ -833,6 +815,10 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE1("ThrottleDrainFile", at_set_drain_file, NULL, RSRC_CONF,
                   "ThrottleDrainFile PATH: while PATH exists, the agent says drain "
                   "and throttle-health answers 503"),
+    AP_INIT_TAKE1("ThrottleKeepIdleWorkers", at_set_keep_idle_workers, NULL, RSRC_CONF,
+                  "ThrottleKeepIdleWorkers N: a request that would wait is refused "
+                  "while fewer than N workers are idle (0: off; default 5% of "
+                  "MaxRequestWorkers, at least 2)"),
     AP_INIT_TAKE2("ThrottleChildLifetime", at_set_child_lifetime, NULL, RSRC_CONF,
                   "ThrottleChildLifetime MIN MAX: each child serves a number of "
                   "connections drawn from [MIN, MAX], then retires"),
@@ -854,6 +840,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     ap_hook_handler(throttle_handler, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_handler(at_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     at_lb_register_hooks();
+    at_workers_register_hooks();
     APR_OPTIONAL_HOOK(ap, status_hook, at_status_section, NULL, NULL, APR_HOOK_MIDDLE);
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);

@@ -67,6 +67,14 @@ const char *at_set_agent(cmd_parms *cmd, void *dummy, const char *name);
 const char *at_set_drain_file(cmd_parms *cmd, void *dummy, const char *path);
 void at_lb_register_hooks(void);
 
+/* Workers kept free (mod_adaptive_throttle_workers.c): may a request that
+ * finds zone z full wait, holding its worker? And the startup warning when
+ * the zones' waiters could take the workers kept for everything else. */
+const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *arg);
+int at_may_wait(at_zone_t *z);
+void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
+void at_workers_register_hooks(void);
+
 /* The module's own handlers (status, health) are never throttled. */
 int at_is_own_handler(const request_rec *r);
 

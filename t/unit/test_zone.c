@@ -173,6 +173,31 @@ static void test_queue_full_rejects_at_once(void **state)
     zone_free(z);
 }
 
+/* may_wait 0 (the server is short of idle workers): a request that finds
+ * the zone full is refused at once and counted, never queued; one that
+ * finds a free slot still runs. */
+static void test_no_wait_refuses_instead_of_queueing(void **state)
+{
+    at_zone_t *z = zone_new(1, 5, 2000 * MS);
+    at_ticket_t hold, t;
+    apr_int64_t t0;
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire_if(z, &hold, NULL, 0, NULL, NULL), AT_ADMITTED);
+    t0 = at_now_us();
+    assert_int_equal(at_zone_acquire_if(z, &t, NULL, 0, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_true(at_now_us() - t0 < 20 * MS);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.counters.rejected_workers, 1);
+    assert_int_equal(s.counters.queued_total, 0);
+    at_zone_release(z, &hold);
+    assert_int_equal(at_zone_acquire_if(z, &t, NULL, 0, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t);
+    zone_free(z);
+}
+
 static void test_timeout(void **state)
 {
     at_zone_t *z = zone_new(1, 4, 120 * MS);
@@ -897,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_fifo_order),
         cmocka_unit_test(test_no_barging),
         cmocka_unit_test(test_queue_full_rejects_at_once),
+        cmocka_unit_test(test_no_wait_refuses_instead_of_queueing),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_abort_leaves_queue),
         cmocka_unit_test(test_reclaim_zombie_holder),

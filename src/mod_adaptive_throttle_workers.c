@@ -1,0 +1,170 @@
+/*
+ * Worker threads kept free. On httpd 2.4 a queued request holds its worker
+ * (the event MPM cannot park a request without one), so waiters can take
+ * every worker and leave static files in the listen backlog.
+ * ThrottleKeepIdleWorkers N: a request that would have to wait is refused
+ * at once while fewer than N workers of the server are idle.
+ */
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_log.h"
+#include "ap_mpm.h"
+#include "scoreboard.h"
+
+#include "apr_strings.h"
+#include "apr_time.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#include "mod_adaptive_throttle.h"
+
+APLOG_USE_MODULE(adaptive_throttle);
+
+/* The scoreboard is read at most this often per process, and only for a
+ * request that finds its zone full. */
+#define SCAN_EVERY_US (10 * 1000)
+/* Default N: this share of MaxRequestWorkers, and at least KEEP_IDLE_MIN. */
+#define KEEP_IDLE_PERCENT 5
+#define KEEP_IDLE_MIN 2
+
+static int keep_idle = -1; /* -1: the default, from MaxRequestWorkers */
+
+static volatile apr_time_t scanned_at;
+static volatile int idle_seen;
+
+const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *arg)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    char *end;
+    long n;
+    (void)dummy;
+
+    if (err) {
+        return err;
+    }
+    n = strtol(arg, &end, 10);
+    if (*arg == '\0' || *end != '\0' || n < 0 || n > 100000) {
+        return apr_psprintf(cmd->pool,
+                            "ThrottleKeepIdleWorkers: '%s' is not a number of "
+                            "workers from 0 (off) to 100000",
+                            arg);
+    }
+    keep_idle = (int)n;
+    return NULL;
+}
+
+/* MaxRequestWorkers, or 0 if the MPM does not say. */
+static int max_workers(void)
+{
+    int daemons = 0, threads = 0;
+
+    if (ap_mpm_query(AP_MPMQ_MAX_DAEMONS, &daemons) != APR_SUCCESS ||
+        ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads) != APR_SUCCESS || daemons <= 0) {
+        return 0;
+    }
+    return daemons * (threads > 0 ? threads : 1);
+}
+
+static int keep_idle_workers(void)
+{
+    int n;
+
+    if (keep_idle >= 0) {
+        return keep_idle;
+    }
+    n = max_workers() * KEEP_IDLE_PERCENT / 100;
+    return n < KEEP_IDLE_MIN ? KEEP_IDLE_MIN : n;
+}
+
+/* Workers not serving a request: MaxRequestWorkers less those busy in the
+ * scoreboard (a worker the MPM has not started yet is as good as idle). */
+static int count_idle_workers(void)
+{
+    int limit_daemons = 0, limit_threads = 0, busy = 0, i, j;
+
+    if (!ap_scoreboard_image ||
+        ap_mpm_query(AP_MPMQ_HARD_LIMIT_DAEMONS, &limit_daemons) != APR_SUCCESS ||
+        ap_mpm_query(AP_MPMQ_HARD_LIMIT_THREADS, &limit_threads) != APR_SUCCESS) {
+        return INT_MAX;
+    }
+    if (limit_threads < 1) {
+        limit_threads = 1;
+    }
+    for (i = 0; i < limit_daemons; i++) {
+        for (j = 0; j < limit_threads; j++) {
+            int st = ap_get_scoreboard_worker_from_indexes(i, j)->status;
+
+            busy += st != SERVER_DEAD && st != SERVER_READY && st != SERVER_IDLE_KILL;
+        }
+    }
+    return max_workers() - busy;
+}
+
+int at_may_wait(at_zone_t *z)
+{
+    at_zone_glance_t g;
+    apr_time_t now;
+    int keep = keep_idle_workers();
+
+    if (keep == 0) {
+        return 1;
+    }
+    at_zone_glance(z, &g);
+    if (g.active < g.limit) {
+        return 1; /* a slot is free: it will not wait (and if it must, briefly) */
+    }
+    now = apr_time_now();
+    if (now - scanned_at >= SCAN_EVERY_US || now < scanned_at) {
+        idle_seen = count_idle_workers();
+        scanned_at = now;
+    }
+    return idle_seen >= keep;
+}
+
+/* At startup: the zones' running and waiting requests together against the
+ * workers left once N are kept idle. */
+void at_warn_if_workers_short(server_rec *s, apr_pool_t *p)
+{
+    apr_array_header_t *zones = at_configured_zones(p);
+    const char *list = "";
+    apr_uint64_t need = 0;
+    int workers = max_workers(), keep = keep_idle_workers(), i;
+
+    if (workers <= 0) {
+        return;
+    }
+    for (i = 0; i < zones->nelts; i++) {
+        const zone_ref_t *ref = APR_ARRAY_IDX(zones, i, zone_ref_t *);
+        apr_uint32_t n = at_conf_highest_limit(&ref->conf);
+
+        need += (apr_uint64_t)n + ref->conf.queue;
+        list = apr_psprintf(p, "%s%s%s %u+%u", list, *list ? ", " : "", ref->name, n,
+                            ref->conf.queue);
+    }
+    if (need + (apr_uint64_t)keep > (apr_uint64_t)workers) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s,
+                     "zones' running + waiting requests "
+                     "(%s: %" APR_UINT64_T_FMT ") can take more than the %d of "
+                     "MaxRequestWorkers (%d) left once ThrottleKeepIdleWorkers (%d) are "
+                     "kept idle: a request that would wait then gets 503 at once "
+                     "(rejected-workers); lower queue= or raise MaxRequestWorkers",
+                     list, need, workers - keep, workers, keep);
+    }
+}
+
+static int workers_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
+{
+    (void)pconf;
+    (void)plog;
+    (void)ptemp;
+    keep_idle = -1;
+    scanned_at = 0;
+    return OK;
+}
+
+void at_workers_register_hooks(void)
+{
+    ap_hook_pre_config(workers_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
+}
