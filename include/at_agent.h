@@ -12,7 +12,7 @@
 typedef enum {
     AT_HOST_UP = 0,   /* serving */
     AT_HOST_DRAINING, /* finish what runs, take nothing new */
-    AT_HOST_BROKEN    /* the zone's shared state is not there */
+    AT_HOST_BROKEN    /* the zone is unusable: no shared memory, or a lock failed for good */
 } at_host_state_t;
 
 /* The weight, in percent of the configured one, for a zone seen as g: 100

@@ -166,6 +166,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
  * together they may be a moment apart. */
 typedef struct {
     apr_uint32_t limit, active, queued, queue_cap;
+    int broken; /* the zone's lock failed for good: it lets everything through */
 } at_zone_glance_t;
 void at_zone_glance(at_zone_t *z, at_zone_glance_t *out);
 
@@ -189,6 +190,8 @@ apr_uint64_t at_typical_service_after(apr_uint64_t typical, apr_int64_t us);
 #ifdef AT_TEST_HOOKS
 /* Fault injection for tests: take the zone lock and never release it. */
 apr_status_t at_zone_debug_take_lock(at_zone_t *z);
+/* Make the zone's lock unusable for good (ENOTRECOVERABLE). */
+apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 #endif
 
 

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <syslog.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifdef __linux__
@@ -32,7 +33,9 @@
 #include <sys/syscall.h>
 #endif
 
-#define ZONE_MAGIC 0x41545a35u /* "ATZ5": client keys with a family, published conf */
+/* The layout's version: a zone kept across a graceful restart onto a build
+ * with another layout is made anew. "ATZ6": rejected_workers, lock_broken. */
+#define ZONE_MAGIC 0x41545a36u
 #define NONE (-1)
 
 enum { W_FREE = 0, W_WAITING, W_GRANTED };
@@ -63,6 +66,7 @@ struct at_zone {
     apr_uint32_t nslots, nwaiters;
     apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
     apr_int32_t dry_run;
+    apr_uint32_t lock_broken; /* the lock failed for good: requests pass untouched */
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
     pthread_mutex_t lock;
@@ -483,6 +487,7 @@ static int zone_lock_result(at_zone_t *z, int rc)
     }
     if (rc != 0 && rc != EBUSY) {
         at_log(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
+        apr_atomic_set32(&z->lock_broken, 1);
     }
     return rc;
 }
@@ -1154,6 +1159,7 @@ void at_zone_glance(at_zone_t *z, at_zone_glance_t *g)
     g->active = apr_atomic_read32(&z->active);
     g->queued = apr_atomic_read32(&z->queued);
     g->queue_cap = apr_atomic_read32(&z->queue_cap);
+    g->broken = apr_atomic_read32(&z->lock_broken) != 0;
 }
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
@@ -1240,5 +1246,26 @@ apr_uint32_t at_zone_retry_after(at_zone_t *z)
 apr_status_t at_zone_debug_take_lock(at_zone_t *z)
 {
     return zone_lock(z) == 0 ? APR_SUCCESS : APR_EGENERAL;
+}
+
+apr_status_t at_zone_debug_break_lock(at_zone_t *z)
+{
+    pid_t pid = fork();
+    int status;
+
+    if (pid < 0) {
+        return APR_EGENERAL;
+    }
+    if (pid == 0) {
+        pthread_mutex_lock(&z->lock); /* and die holding it */
+        _exit(0);
+    }
+    waitpid(pid, &status, 0);
+    if (pthread_mutex_lock(&z->lock) != EOWNERDEAD) {
+        return APR_EGENERAL;
+    }
+    /* Unlocked without being made consistent: unusable for good. */
+    pthread_mutex_unlock(&z->lock);
+    return APR_SUCCESS;
 }
 #endif

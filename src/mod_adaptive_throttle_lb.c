@@ -77,22 +77,28 @@ static int draining(apr_pool_t *p)
            mpm_state == AP_MPMQ_STOPPING;
 }
 
-static at_host_state_t host_state(const zone_ref_t *ref, int drain)
+/* The zone as a balancer sees it; g is filled, zeroed without a zone. A
+ * zone without shared memory, or whose lock failed for good (it then lets
+ * every request through), is broken. */
+static at_host_state_t zone_state(const zone_ref_t *ref, int drain, at_zone_glance_t *g)
 {
-    return !ref->zone ? AT_HOST_BROKEN : drain ? AT_HOST_DRAINING : AT_HOST_UP;
+    memset(g, 0, sizeof(*g));
+    if (ref->zone) {
+        at_zone_glance(ref->zone, g);
+    }
+    return !ref->zone || g->broken ? AT_HOST_BROKEN
+           : drain                 ? AT_HOST_DRAINING
+                                   : AT_HOST_UP;
 }
 
 static const char *zone_line(apr_pool_t *p, const zone_ref_t *ref, int drain)
 {
-    at_zone_glance_t g = {0};
+    at_zone_glance_t g;
     char buf[AT_AGENT_LINE_MAX];
+    at_host_state_t st = zone_state(ref, drain, &g);
 
-    if (ref->zone) {
-        at_zone_glance(ref->zone, &g);
-    }
-    return at_agent_line(buf, sizeof(buf), &g, host_state(ref, drain))
-               ? apr_pstrdup(p, buf)
-               : "down #throttle line too long\n";
+    return at_agent_line(buf, sizeof(buf), &g, st) ? apr_pstrdup(p, buf)
+                                                   : "down #throttle line too long\n";
 }
 
 /* The agent speaks first and only: one line, then the MPM closes the
@@ -143,7 +149,10 @@ static int health_handler(request_rec *r)
     drain = draining(r->pool);
     zones = at_configured_zones(r->pool);
     for (i = 0; i < zones->nelts; i++) {
-        broken |= !APR_ARRAY_IDX(zones, i, zone_ref_t *)->zone;
+        at_zone_glance_t g;
+
+        broken |=
+            zone_state(APR_ARRAY_IDX(zones, i, zone_ref_t *), 0, &g) == AT_HOST_BROKEN;
     }
     ap_set_content_type(r, "text/plain; charset=us-ascii");
     apr_table_setn(r->headers_out, "Cache-Control", "no-store");

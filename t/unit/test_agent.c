@@ -174,6 +174,28 @@ static void test_glance_needs_no_lock(void **state)
     close(fd[1]);
 }
 
+/* A zone whose lock failed for good lets every request through: the
+ * balancer is told so (down), where a healthy zone says up. */
+static void test_broken_lock_is_told(void **state)
+{
+    at_zone_t *z = zone_new(2, 2, APR_INT64_C(1000000));
+    at_zone_glance_t g;
+    at_ticket_t t;
+    char buf[AT_AGENT_LINE_MAX];
+    (void)state;
+
+    assert_non_null(z);
+    at_zone_glance(z, &g);
+    assert_int_equal(g.broken, 0);
+    assert_int_equal(at_zone_debug_break_lock(z), APR_SUCCESS);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ERROR);
+    at_zone_glance(z, &g);
+    assert_int_equal(g.broken, 1);
+    assert_true(at_agent_line(buf, sizeof(buf), &g, AT_HOST_BROKEN) > 0);
+    assert_int_equal(parse_agent(buf).up, 0);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_weight_falls_with_the_queue),
         cmocka_unit_test(test_line_fits_the_largest_numbers),
         cmocka_unit_test(test_glance_needs_no_lock),
+        cmocka_unit_test(test_broken_lock_is_told),
     };
 
     apr_initialize();
