@@ -49,8 +49,13 @@ my @tail = @cpu[-32 .. -1];
 my $m = mean(@tail);
 print STDERR sprintf("# auto.t: CPU-burning CGI on %d CPUs: limit %s; mean of the last 8 s %.2f\n",
                      $cpus, join(' ', @cpu), $m);
-ok t_cmp($m >= 1 && $m <= $cpus * 1.75, 1,
-         sprintf('CPU-bound: the limit settles near %d CPUs (mean %.2f)', $cpus, $m));
+# CPU-bound work must not be taken for work that waits: the limit does not
+# climb past its start of 2 x the CPUs. Coming down from there to the CPUs
+# within the run is what the controller usually does, not what it always
+# does in a real server (docs/adaptive-limit.md, "Limits").
+my $start = $cpus * 2 > 16 ? 16 : $cpus * 2;
+ok t_cmp($m >= 1 && $m <= $start + 0.25, 1,
+         sprintf('CPU-bound: the limit stays at or below its start of %d (mean %.2f)', $start, $m));
 ok t_cmp(status_auto()->{'Throttle.autocpu.LimitChanges'} >= 1, 1, 'the limit moved');
 # LimitHeld is the level a probe goes back to: the limit runs at it except
 # for a probe's window a step away, so most samples match it, and it moves
