@@ -30,6 +30,9 @@ typedef struct {
     apr_uint32_t retry_after_max;  /* ceiling of retry_after=auto; 0: the default */
     apr_uint32_t client_v6_prefix; /* per_client: IPv6 prefix length; 0: the default */
     apr_uint32_t refuse_status;    /* status=: 503 (the default) or 429 */
+    apr_uint32_t reserve;          /* slots kept for priorities above 0 */
+    apr_int64_t codel_target_us;   /* codel=: 0 off */
+    apr_int64_t codel_interval_us; /* codel=TARGET:INTERVAL; 0: from service time */
 } at_zone_conf_t;
 
 #define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */
@@ -72,6 +75,14 @@ const char *at_parse_duration(apr_pool_t *p, const char *s,
 const char *at_parse_size(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out);
 const char *at_parse_zone_name(apr_pool_t *p, const char *s);
+
+/* ThrottlePriority's arguments: an integer from AT_PARSE_PRIORITY_MIN to
+ * AT_PARSE_PRIORITY_MAX, and an optional "timeout=DURATION" (NULL: none;
+ * *timeout_us is then 0). */
+#define AT_PARSE_PRIORITY_MIN (-10)
+#define AT_PARSE_PRIORITY_MAX 10
+const char *at_parse_priority(apr_pool_t *p, const char *n, const char *opt,
+                              int *priority, apr_int64_t *timeout_us);
 
 /* argv holds the key=value words after the zone name. */
 const char *at_parse_zone_args(apr_pool_t *p, int argc,

@@ -13,6 +13,7 @@
 #include <apr_network_io.h>
 #include "at_client.h"
 #include "at_clock.h"
+#include "at_codel.h"
 #include "at_hist.h"
 #include "at_log.h"
 #include "at_parse.h"
@@ -30,8 +31,23 @@ typedef enum {
     AT_DRY_RUN_REJECTED,  /* dry run: would have got 503; runs now, no slot */
     AT_REJECTED_CLIENT,   /* the client already has per_client requests in */
     AT_REJECTED_PREDICTED, /* limit=auto: its wait would outlast the timeout */
-    AT_REJECTED_WORKERS    /* would wait, but the server is short of idle workers */
+    AT_REJECTED_WORKERS,   /* would wait, but the server is short of idle workers */
+    AT_REJECTED_STANDING   /* codel=: waited TARGET while the queue stood */
 } at_result_t;
+
+/* ThrottlePriority: higher runs first; requests wait in priority order,
+ * FIFO within a priority. */
+#define AT_PRIORITY_MIN (-10)
+#define AT_PRIORITY_MAX 10
+#define AT_PRIORITIES (AT_PRIORITY_MAX - AT_PRIORITY_MIN + 1)
+
+/* What a request asks of a zone. */
+typedef struct {
+    const at_client_key_t *client; /* for per_client; NULL: nobody */
+    int may_wait;           /* 0: refused (AT_REJECTED_WORKERS) rather than queued */
+    int priority;           /* AT_PRIORITY_MIN to AT_PRIORITY_MAX */
+    apr_int64_t timeout_us; /* how long it may wait; 0: the zone's timeout */
+} at_request_t;
 
 typedef struct {
     apr_int32_t slot;
@@ -61,6 +77,8 @@ typedef struct {
       "reason=\"client\"", NULL)                                                        \
     X(rejected_workers, "RejectedWorkers", "rejected_workers", "rejected_total",       \
       "reason=\"workers\"", NULL)                                                       \
+    X(rejected_standing, "RejectedStanding", "rejected_standing", "rejected_total",    \
+      "reason=\"standing\"", NULL)                                                      \
     X(aborted, "Aborted", "aborted", "aborted_total", NULL,                            \
       "Waiting requests whose client went away.")                                       \
     X(reclaimed, "Reclaimed", "reclaimed", "reclaimed_total", NULL,                    \
@@ -78,8 +96,20 @@ typedef struct {
 #undef AT_COUNTER_FIELD
 } at_zone_counters_t;
 
+/* One priority's totals: requests admitted and refused, and how long the
+ * admitted ones waited, since the zone was created. */
+typedef struct {
+    apr_uint64_t admitted, rejected;
+    apr_uint32_t queued; /* waiting now */
+    at_hist_t wait;
+} at_priority_stats_t;
+
 typedef struct {
     apr_uint32_t limit, queue_cap, nslots, nwaiters, per_client;
+    apr_uint32_t reserve; /* slots that requests of priority <= 0 leave free */
+    apr_int64_t codel_target_us, codel_interval_us; /* codel=; target 0: off */
+    apr_int64_t standing_us; /* codel=: how long the queue has stood; 0: not */
+    at_priority_stats_t priority[AT_PRIORITIES]; /* [p - AT_PRIORITY_MIN] */
     apr_uint32_t active, queued, over_cap;
     apr_int64_t timeout_us;
     apr_uint32_t retry_after;
@@ -142,6 +172,11 @@ at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
                                const at_client_key_t *client, int may_wait,
                                at_abort_fn fn, void *ctx);
 
+/* The general form: the request's client, whether it may wait, its
+ * priority and its timeout. */
+at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t *rq,
+                                at_abort_fn fn, void *ctx);
+
 /* For an error page of a refused request whose target is itself in this
  * zone: a slot free at once (AT_ADMITTED), or AT_REJECTED_FULL. It never
  * waits and never runs over the cap (a dry run answers AT_DRY_RUN_REJECTED
@@ -171,7 +206,8 @@ typedef struct {
 void at_zone_glance(at_zone_t *z, at_zone_glance_t *out);
 
 /* Seconds a rejected client should wait before retrying (>= 1): the fixed
- * retry_after, or for retry_after=auto at_retry_after_secs() of the zone. */
+ * retry_after, or for retry_after=auto the zone's at_retry advice, whose
+ * floor is at_retry_after_secs() of the zone. */
 apr_uint32_t at_zone_retry_after(at_zone_t *z);
 
 /* retry_after=auto: the time for the queue and one more request to drain,

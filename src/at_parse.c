@@ -268,6 +268,74 @@ static const char *parse_status(apr_pool_t *p, const char *v, at_zone_conf_t *c)
     return apr_psprintf(p, "'%s' is not a refusal status: 503 or 429", v);
 }
 
+const char *at_parse_priority(apr_pool_t *p, const char *n, const char *opt,
+                              int *priority, apr_int64_t *timeout_us)
+{
+    const char *digits = (*n == '-' || *n == '+') ? n + 1 : n;
+    apr_uint64_t v;
+    const char *err;
+
+    *timeout_us = 0;
+    if (at_parse_uint(p, digits, 0,
+                      -AT_PARSE_PRIORITY_MIN > AT_PARSE_PRIORITY_MAX
+                          ? -AT_PARSE_PRIORITY_MIN
+                          : AT_PARSE_PRIORITY_MAX,
+                      &v) ||
+        (*n == '-' ? -(int)v < AT_PARSE_PRIORITY_MIN : (int)v > AT_PARSE_PRIORITY_MAX)) {
+        return apr_psprintf(p,
+                            "'%s' is not a priority: an integer from %d to %d, "
+                            "higher runs first",
+                            n, AT_PARSE_PRIORITY_MIN, AT_PARSE_PRIORITY_MAX);
+    }
+    *priority = *n == '-' ? -(int)v : (int)v;
+    if (!opt) {
+        return NULL;
+    }
+    if (strncmp(opt, "timeout=", 8) != 0) {
+        return apr_psprintf(p, "'%s' is not timeout=DURATION", opt);
+    }
+    if ((err = at_parse_duration(p, opt + 8, timeout_us))) {
+        return apr_psprintf(p, "timeout: %s", err);
+    }
+    if (*timeout_us <= 0) {
+        return "timeout: must be longer than 0";
+    }
+    return NULL;
+}
+
+static const char *parse_reserve(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 0, AT_LIMIT_MAX, &n);
+
+    c->reserve = (apr_uint32_t)n;
+    return err;
+}
+
+/* "TARGET" or "TARGET:INTERVAL". */
+static const char *parse_codel(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    const char *colon = strchr(v, ':');
+    const char *err;
+
+    err = at_parse_duration(p, colon ? apr_pstrmemdup(p, v, (apr_size_t)(colon - v)) : v,
+                            &c->codel_target_us);
+    if (!err && c->codel_target_us <= 0) {
+        err = "the target must be longer than 0";
+    }
+    if (!err && colon) {
+        err = at_parse_duration(p, colon + 1, &c->codel_interval_us);
+        if (!err && c->codel_interval_us <= 0) {
+            err = "the interval must be longer than 0";
+        }
+    }
+    return err ? apr_psprintf(p,
+                              "%s (codel=TARGET or codel=TARGET:INTERVAL, e.g. "
+                              "codel=200ms or codel=200ms:2s)",
+                              err)
+               : NULL;
+}
+
 static const struct {
     const char *name;
     key_parser parse;
@@ -285,10 +353,13 @@ static const struct {
     {"retry_after_max", parse_retry_after_max},
     {"per_client_v6", parse_v6_prefix},
     {"status", parse_status},
+    {"reserve", parse_reserve},
+    {"codel", parse_codel},
 };
 
-#define KEY_LIST "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, " \
-                 "read_body, retry_after_max, per_client_v6, status"
+#define KEY_LIST                                                                         \
+    "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, "           \
+    "read_body, retry_after_max, per_client_v6, status, reserve, codel"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -399,6 +470,17 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     }
     if ((auto_err = settle_auto_limit(p, &c))) {
         return auto_err;
+    }
+    if (c.reserve && c.reserve >= at_conf_highest_limit(&c)) {
+        return apr_psprintf(p,
+                            "reserve=%u leaves no slot for requests of priority 0 "
+                            "and below: it must be less than %s (%u)",
+                            c.reserve, c.limit_auto ? "max" : "limit",
+                            at_conf_highest_limit(&c));
+    }
+    if (c.codel_target_us && c.codel_target_us >= c.timeout_us) {
+        return "codel's target must be shorter than the timeout: it cuts waits "
+               "short of the timeout while the queue stands";
     }
     if (!seen[1]) {
         apr_uint64_t q = (apr_uint64_t)c.limit * 10;

@@ -13,6 +13,7 @@
 #include "at_zone.h"
 #include "at_owner.h"
 #include "at_limit.h"
+#include "at_retry.h"
 #include "at_memgate.h"
 #include "at_sensor.h"
 #include "at_tuning.h"
@@ -34,11 +35,13 @@
 #endif
 
 /* The layout's version: a zone kept across a graceful restart onto a build
- * with another layout is made anew. "ATZ6": rejected_workers, lock_broken. */
-#define ZONE_MAGIC 0x41545a36u
+ * with another layout is made anew. "ATZ7": priorities, codel, retry. */
+#define ZONE_MAGIC 0x41545a37u
 #define NONE (-1)
 
-enum { W_FREE = 0, W_WAITING, W_GRANTED };
+/* W_EVICTED: put out of a full queue by a request of higher priority; the
+ * record is the waiter's until it wakes and sees it. */
+enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED };
 
 typedef struct {
     at_owner_t owner;       /* pid 0: free */
@@ -56,10 +59,17 @@ typedef struct {
     apr_int32_t state;
     apr_int32_t slot;       /* slot handed over, NONE while waiting */
     apr_int32_t prev, next; /* queue links; next also links the free list */
-    apr_int32_t pad;
+    apr_int32_t priority;
     at_client_key_t client;
 } at_waiter_t;
 
+/* A priority's totals, kept in the zone. */
+typedef struct {
+    apr_uint64_t admitted, rejected;
+    at_hist_t wait;
+} at_priority_totals_t;
+
+#define PRIO_INDEX(p) ((p)-AT_PRIORITY_MIN)
 
 struct at_zone {
     apr_uint32_t magic;
@@ -67,6 +77,7 @@ struct at_zone {
     apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
     apr_int32_t dry_run;
     apr_uint32_t lock_broken; /* the lock failed for good: requests pass untouched */
+    apr_uint32_t reserve;
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
     pthread_mutex_t lock;
@@ -82,6 +93,12 @@ struct at_zone {
 
     at_zone_counters_t counters;
     apr_uint32_t over_cap;
+
+    /* priorities: who waits at each, and their totals */
+    apr_uint32_t queued_at[AT_PRIORITIES];
+    at_priority_totals_t prio[AT_PRIORITIES];
+    at_codel_t codel;
+    at_retry_t retry;
 
     at_hist_t wait_all, service_all;
     at_hist_t wait_win[2], service_win[2];
@@ -242,21 +259,41 @@ static void rebuild_free_slots(at_zone_t *z)
     }
 }
 
+static void queue_length_changed(at_zone_t *z)
+{
+    if (z->codel.target_us) {
+        at_codel_queue_is(&z->codel, z->queued, at_now_us());
+    }
+}
+
+/* Behind every waiter of its priority or higher, ahead of the lower ones:
+ * the queue stays in priority order, FIFO within a priority. */
 static void queue_push(at_zone_t *z, apr_int32_t i)
 {
     at_waiter_t *w = waiters(z);
+    apr_int32_t after = z->qtail;
 
     note_change(z);
-    w[i].prev = z->qtail;
-    w[i].next = NONE;
-    if (z->qtail != NONE) {
-        w[z->qtail].next = i;
+    while (after != NONE && w[after].priority < w[i].priority) {
+        after = w[after].prev;
+    }
+    w[i].prev = after;
+    w[i].next = after != NONE ? w[after].next : z->qhead;
+    if (w[i].next != NONE) {
+        w[w[i].next].prev = i;
+    }
+    else {
+        z->qtail = i;
+    }
+    if (after != NONE) {
+        w[after].next = i;
     }
     else {
         z->qhead = i;
     }
-    z->qtail = i;
     z->queued++;
+    z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    queue_length_changed(z);
 }
 
 static void queue_unlink(at_zone_t *z, apr_int32_t i)
@@ -277,6 +314,8 @@ static void queue_unlink(at_zone_t *z, apr_int32_t i)
         z->qtail = w[i].prev;
     }
     z->queued--;
+    z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    queue_length_changed(z);
 }
 
 /* A waiter leaves the queue without a slot: timeout, abort or death. */
@@ -373,6 +412,70 @@ static int mem_allows(at_zone_t *z, apr_int64_t now)
     return at_memgate_allows(&z->mem, now, z->active, young_requests, z, z->name);
 }
 
+/* ---- priorities (lock held) ------------------------------------------ */
+
+/* The slots a request of this priority may fill: reserve= keeps the last
+ * ones for priorities above 0, and always leaves one for the rest. */
+static apr_uint32_t slots_for(const at_zone_t *z, int priority)
+{
+    apr_uint32_t keep = z->reserve;
+
+    if (priority > 0 || !keep) {
+        return z->limit;
+    }
+    if (keep >= z->limit) {
+        keep = z->limit ? z->limit - 1 : 0;
+    }
+    return z->limit - keep;
+}
+
+/* Waiters a request of this priority would find ahead of it. */
+static apr_uint32_t queued_ahead(const at_zone_t *z, int priority)
+{
+    apr_uint32_t n = 0;
+    int p;
+
+    if (!z->queued || priority == AT_PRIORITY_MIN) {
+        return z->queued;
+    }
+    for (p = priority; p <= AT_PRIORITY_MAX; p++) {
+        n += z->queued_at[PRIO_INDEX(p)];
+    }
+    return n;
+}
+
+/* retry_after=auto never advises less than the time the queue takes to
+ * drain. */
+static apr_uint32_t retry_ceiling(const at_zone_t *z)
+{
+    return z->retry_after_max ? z->retry_after_max : AT_RETRY_AFTER_CEILING;
+}
+
+static apr_uint32_t retry_floor(const at_zone_t *z)
+{
+    return at_retry_after_secs(z->queued, z->service_med_us, z->limit,
+                               z->retry_after_max);
+}
+
+static void count_refusal(at_zone_t *z, int priority, apr_int64_t now, int scheduled)
+{
+    z->prio[PRIO_INDEX(priority)].rejected++;
+    if (scheduled && z->retry_after == AT_RETRY_AFTER_AUTO) {
+        at_retry_refused(&z->retry, now, retry_floor(z), retry_ceiling(z));
+    }
+}
+
+static void count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int64_t now)
+{
+    at_priority_totals_t *pt = &z->prio[PRIO_INDEX(priority)];
+
+    pt->admitted++;
+    at_hist_add(&pt->wait, wait_us);
+    if (z->retry_after == AT_RETRY_AFTER_AUTO) {
+        at_retry_granted(&z->retry, now, retry_floor(z), retry_ceiling(z));
+    }
+}
+
 /* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
  * record names its slot before the slot names its owner, and the grant
  * comes last: a process that dies anywhere in between leaves a hand-off
@@ -382,8 +485,8 @@ static void dispatch(at_zone_t *z)
     at_waiter_t *w = waiters(z);
     apr_int64_t now = at_now_us();
 
-    while (z->qhead != NONE && z->active < z->limit && z->free_slot != NONE
-           && mem_allows(z, now)) {
+    while (z->qhead != NONE && z->active < slots_for(z, w[z->qhead].priority) &&
+           z->free_slot != NONE && mem_allows(z, now)) {
         apr_int32_t i = z->qhead, slot;
 
         queue_unlink(z, i);
@@ -405,13 +508,16 @@ static void dispatch(at_zone_t *z)
 
 /* ---- the lock -------------------------------------------------------- */
 
-static int cmp_ticket(const void *a, const void *b, void *wv)
+/* Queue order: higher priority first, then arrival. */
+static int cmp_queue_order(const void *a, const void *b, void *wv)
 {
-    const at_waiter_t *w = wv;
-    apr_uint64_t ta = w[*(const apr_int32_t *)a].ticket;
-    apr_uint64_t tb = w[*(const apr_int32_t *)b].ticket;
+    const at_waiter_t *wa = &((const at_waiter_t *)wv)[*(const apr_int32_t *)a];
+    const at_waiter_t *wb = &((const at_waiter_t *)wv)[*(const apr_int32_t *)b];
 
-    return ta < tb ? -1 : ta > tb;
+    if (wa->priority != wb->priority) {
+        return wa->priority > wb->priority ? -1 : 1;
+    }
+    return wa->ticket < wb->ticket ? -1 : wa->ticket > wb->ticket;
 }
 
 /* A hand-off that a dying process started: the waiter's record names the
@@ -451,6 +557,7 @@ static void zone_repair(at_zone_t *z)
     z->qhead = z->qtail = NONE;
     note_change(z);
     z->queued = 0;
+    memset(z->queued_at, 0, sizeof(z->queued_at));
     for (i = z->nwaiters; i-- > 0;) {
         if (w[i].state == W_WAITING) {
             if (order) {
@@ -465,7 +572,7 @@ static void zone_repair(at_zone_t *z)
         }
     }
     if (order) {
-        qsort_r(order, n, sizeof(*order), cmp_ticket, w);
+        qsort_r(order, n, sizeof(*order), cmp_queue_order, w);
         for (i = 0; i < n; i++) {
             queue_push(z, order[i]);
         }
@@ -555,6 +662,13 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->retry_after_max = c->retry_after_max;
     z->dry_run = c->dry_run;
     z->mem.bytes = c->mem_bytes;
+    z->reserve = c->reserve;
+    if (c->codel_target_us && !z->codel.target_us) {
+        z->codel.busy_since_us = 0; /* not tracked while off: from now on */
+        at_codel_queue_is(&z->codel, z->queued, at_now_us());
+    }
+    z->codel.target_us = c->codel_target_us;
+    z->codel.interval_us = c->codel_interval_us;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -859,26 +973,28 @@ static void maybe_close_window(at_zone_t *z, apr_int64_t now)
 
 /* limit=auto: a newcomer whose turn would come after the timeout is told
  * at once. */
-static int wait_predicted_too_long(const at_zone_t *z)
+static int wait_predicted_too_long(const at_zone_t *z, int priority,
+                                   apr_int64_t timeout_us)
 {
     apr_uint64_t est;
 
     if (!z->limit_auto || !z->service_med_us || !z->limit) {
         return 0;
     }
-    est = ((apr_uint64_t)z->queued + 1) * z->service_med_us / z->limit;
-    return est > (apr_uint64_t)z->timeout_us;
+    est = ((apr_uint64_t)queued_ahead(z, priority) + 1) * z->service_med_us / z->limit;
+    return est > (apr_uint64_t)timeout_us;
 }
 
 static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
-                      const at_client_key_t *client, apr_int64_t now)
+                      const at_request_t *rq, apr_int64_t now)
 {
-    client_add(z, client);
-    t->slot = slot_take(z, self, t->ticket, client, now);
+    client_add(z, rq->client);
+    t->slot = slot_take(z, self, t->ticket, rq->client, now);
     at_memgate_started(&z->mem);
     t->granted_us = now;
     z->counters.admitted++;
     record_wait(z, 0, now);
+    count_grant(z, rq->priority, 0, now);
 }
 
 /* Dry run: the request runs at once, over the cap. Those running over the
@@ -900,22 +1016,43 @@ static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
     return z->per_client && at_client_count(&z->clients, client) >= z->per_client;
 }
 
-static int slot_free_for_newcomer(const at_zone_t *z)
+/* A newcomer runs at once only if nobody of its priority or higher waits:
+ * a waiter of lower priority may be held back by reserve=. */
+static int slot_free_for_newcomer(const at_zone_t *z, int priority)
 {
-    return z->active < z->limit && z->qhead == NONE && z->free_slot != NONE;
+    return z->active < slots_for(z, priority) && z->free_slot != NONE &&
+           (z->qhead == NONE || waiters((at_zone_t *)z)[z->qhead].priority < priority);
 }
 
-static int can_run_now(at_zone_t *z, apr_int64_t now)
+static int can_run_now(at_zone_t *z, int priority, apr_int64_t now)
 {
-    return slot_free_for_newcomer(z) && mem_allows(z, now);
+    return slot_free_for_newcomer(z, priority) && mem_allows(z, now);
+}
+
+/* Leave the queue without a slot, counted as refused for this reason. */
+static at_result_t give_up_waiting(at_zone_t *z, apr_int32_t wi, at_result_t why,
+                                   apr_int64_t now)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+
+    waiter_leave_queue(z, wi);
+    count_refusal(z, w->priority, now, 1);
+    waiter_free(z, wi);
+    if (why == AT_REJECTED_STANDING) {
+        z->counters.rejected_standing++;
+    }
+    else {
+        z->counters.rejected_timeout++;
+    }
+    return why;
 }
 
 static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
-                                 apr_int64_t start, at_abort_fn abort_fn,
-                                 void *ctx)
+                                 apr_int64_t start, apr_int64_t timeout_us,
+                                 at_abort_fn abort_fn, void *ctx)
 {
     at_waiter_t *w = &waiters(z)[wi];
-    apr_int64_t deadline = start + z->timeout_us;
+    apr_int64_t full_deadline = start + timeout_us, deadline = full_deadline;
 
     for (;;) {
         apr_int64_t now;
@@ -934,16 +1071,28 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             t->granted_us = now;
             z->counters.admitted++;
             record_wait(z, now - start, now);
+            count_grant(z, w->priority, now - start, now);
             waiter_free(z, wi);
             zone_unlock(z);
             return AT_QUEUED;
         }
-        if (now >= deadline) {
-            waiter_leave_queue(z, wi);
+        if (w->state == W_EVICTED) {
+            count_refusal(z, w->priority, now, 1);
+            at_sensor_refused(&z->sensor);
+            z->counters.rejected_full++;
             waiter_free(z, wi);
-            z->counters.rejected_timeout++;
             zone_unlock(z);
-            return AT_REJECTED_TIMEOUT;
+            return AT_REJECTED_FULL;
+        }
+        deadline =
+            at_codel_deadline(&z->codel, start, full_deadline, now, z->service_med_us);
+        if (now >= deadline) {
+            at_result_t r = give_up_waiting(
+                z, wi,
+                deadline < full_deadline ? AT_REJECTED_STANDING : AT_REJECTED_TIMEOUT,
+                now);
+            zone_unlock(z);
+            return r;
         }
         seen = __atomic_load_n(&w->wake, __ATOMIC_SEQ_CST);
         do_reclaim = reclaim_due(z, now);
@@ -964,7 +1113,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                 slot_put(z, w->slot); /* granted as the client left */
                 dispatch(z);
             }
-            else {
+            else if (w->state == W_WAITING) {
                 waiter_leave_queue(z, wi);
             }
             waiter_free(z, wi);
@@ -1003,9 +1152,80 @@ at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
                                const at_client_key_t *client, int may_wait,
                                at_abort_fn abort_fn, void *ctx)
 {
+    at_request_t rq = {.client = client, .may_wait = may_wait};
+
+    return at_zone_acquire_req(z, t, &rq, abort_fn, ctx);
+}
+
+/* Refused before waiting: counted in total, for its priority, for limit=auto
+ * and for retry_after=auto (unless only the client's share was over). */
+static at_result_t refuse_newcomer(at_zone_t *z, const at_request_t *rq, at_result_t why,
+                                   apr_uint64_t *counter, apr_int64_t now)
+{
+    (*counter)++;
+    count_refusal(z, rq->priority, now, why != AT_REJECTED_CLIENT);
+    if (why != AT_REJECTED_CLIENT) {
+        at_sensor_refused(&z->sensor);
+    }
+    return why;
+}
+
+static apr_int32_t enqueue(at_zone_t *z, const at_ticket_t *t, const at_request_t *rq)
+{
+    apr_int32_t wi = z->free_waiter;
+    at_waiter_t *w = &waiters(z)[wi];
+
+    z->free_waiter = w->next;
+    w->owner = *at_owner_self();
+    w->ticket = t->ticket;
+    w->slot = NONE;
+    w->client = *rq->client;
+    w->priority = rq->priority;
+    w->state = W_WAITING;
+    queue_push(z, wi);
+    client_add(z, rq->client);
+    z->counters.queued_total++;
+    return wi;
+}
+
+/* A full queue makes room for a request of higher priority than its
+ * lowest: the newest waiter of the lowest priority is refused (it wakes to
+ * AT_REJECTED_FULL). A spare record must be there for the newcomer. */
+static int evict_for(at_zone_t *z, int priority)
+{
+    at_waiter_t *w = waiters(z);
+    apr_int32_t i = z->qtail;
+
+    if (i == NONE || w[i].priority >= priority || z->free_waiter == NONE) {
+        return 0;
+    }
+    waiter_leave_queue(z, i);
+    w[i].state = W_EVICTED;
+    wake_word(&w[i].wake);
+    return 1;
+}
+
+/* Priorities outside the range are taken as its nearest end. */
+static void settle_request(at_request_t *rq, const at_zone_t *z)
+{
     static const at_client_key_t nobody;
-    const at_owner_t *self = at_owner_self();
+
+    if (!rq->client) {
+        rq->client = &nobody;
+    }
+    rq->priority = rq->priority < AT_PRIORITY_MIN   ? AT_PRIORITY_MIN
+                   : rq->priority > AT_PRIORITY_MAX ? AT_PRIORITY_MAX
+                                                    : rq->priority;
+    if (rq->timeout_us <= 0) {
+        rq->timeout_us = z->timeout_us;
+    }
+}
+
+at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
+                                at_abort_fn abort_fn, void *ctx)
+{
     apr_int64_t start = at_now_us();
+    at_request_t rq = *req;
     apr_int32_t wi;
     at_result_t r;
 
@@ -1013,74 +1233,55 @@ at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
     if (zone_lock(z) != 0) {
         return AT_ERROR;
     }
+    settle_request(&rq, z);
     t->ticket = ++z->next_ticket;
-    t->queue_depth = z->queued;
-    if (!slot_free_for_newcomer(z) && z->active >= z->limit && reclaim_due(z, start)) {
+    t->queue_depth = queued_ahead(z, rq.priority);
+    if (!slot_free_for_newcomer(z, rq.priority) && z->active >= z->limit &&
+        reclaim_due(z, start)) {
         zone_unlock(z);
         at_zone_reclaim(z); /* a full zone may be full of the dead */
         if (zone_lock(z) != 0) {
             return AT_ERROR;
         }
     }
-    if (!client) {
-        client = &nobody;
-    }
-    if (client_at_quota(z, client)) {
-        if (z->dry_run) {
-            r = run_over_cap(z, t, 1); /* the client was over its share */
-        }
-        else {
-            z->counters.rejected_client++;
-            r = AT_REJECTED_CLIENT;
-        }
+    if (client_at_quota(z, rq.client)) {
+        r = z->dry_run ? run_over_cap(z, t, 1) /* the client was over its share */
+                       : refuse_newcomer(z, &rq, AT_REJECTED_CLIENT,
+                                         &z->counters.rejected_client, start);
         zone_unlock(z);
         return r;
     }
-    if (can_run_now(z, start)) {
-        grant_now(z, t, self, client, start);
+    if (can_run_now(z, rq.priority, start)) {
+        grant_now(z, t, at_owner_self(), &rq, start);
         zone_unlock(z);
         return AT_ADMITTED;
     }
-    if (slot_free_for_newcomer(z)) {
+    if (slot_free_for_newcomer(z, rq.priority)) {
         z->mem.held++; /* only memory stood in the way */
     }
     if (z->dry_run) {
         r = run_over_cap(z, t, 0);
+    }
+    else if ((z->queued >= z->queue_cap && !evict_for(z, rq.priority)) ||
+             z->free_waiter == NONE) {
+        r = refuse_newcomer(z, &rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
+    }
+    else if (!rq.may_wait) {
+        r = refuse_newcomer(z, &rq, AT_REJECTED_WORKERS, &z->counters.rejected_workers,
+                            start);
+    }
+    else if (wait_predicted_too_long(z, rq.priority, rq.timeout_us)) {
+        r = refuse_newcomer(z, &rq, AT_REJECTED_PREDICTED,
+                            &z->counters.rejected_predicted, start);
+    }
+    else {
+        wi = enqueue(z, t, &rq);
         zone_unlock(z);
+        r = wait_for_slot(z, t, wi, start, rq.timeout_us, abort_fn, ctx);
+        t->wait_us = at_now_us() - start;
         return r;
     }
-    if (z->queued >= z->queue_cap || z->free_waiter == NONE) {
-        z->counters.rejected_full++;
-        at_sensor_refused(&z->sensor);
-        zone_unlock(z);
-        return AT_REJECTED_FULL;
-    }
-    if (!may_wait) {
-        z->counters.rejected_workers++;
-        at_sensor_refused(&z->sensor);
-        zone_unlock(z);
-        return AT_REJECTED_WORKERS;
-    }
-    if (wait_predicted_too_long(z)) {
-        z->counters.rejected_predicted++;
-        at_sensor_refused(&z->sensor);
-        zone_unlock(z);
-        return AT_REJECTED_PREDICTED;
-    }
-    wi = z->free_waiter;
-    z->free_waiter = waiters(z)[wi].next;
-    waiters(z)[wi].owner = *self;
-    waiters(z)[wi].ticket = t->ticket;
-    waiters(z)[wi].slot = NONE;
-    waiters(z)[wi].client = *client;
-    waiters(z)[wi].state = W_WAITING;
-    queue_push(z, wi);
-    client_add(z, client);
-    z->counters.queued_total++;
     zone_unlock(z);
-
-    r = wait_for_slot(z, t, wi, start, abort_fn, ctx);
-    t->wait_us = at_now_us() - start;
     return r;
 }
 
@@ -1104,7 +1305,7 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
         return AT_ERROR;
     }
     t->ticket = ++z->next_ticket;
-    if (can_run_now(z, now)) {
+    if (can_run_now(z, 0, now)) {
         t->slot = slot_take(z, at_owner_self(), t->ticket, &nobody, now);
         at_memgate_started(&z->mem);
         t->granted_us = now;
@@ -1173,6 +1374,17 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     }
     o->limit = z->limit;
     o->queue_cap = z->queue_cap;
+    o->reserve = z->reserve;
+    o->codel_target_us = z->codel.target_us;
+    o->codel_interval_us =
+        z->codel.target_us ? at_codel_interval(&z->codel, z->service_med_us) : 0;
+    o->standing_us = at_codel_standing_for(&z->codel, now, z->service_med_us);
+    for (i = 0; i < AT_PRIORITIES; i++) {
+        o->priority[i].admitted = z->prio[i].admitted;
+        o->priority[i].rejected = z->prio[i].rejected;
+        o->priority[i].queued = z->queued_at[i];
+        o->priority[i].wait = z->prio[i].wait;
+    }
     o->nslots = z->nslots;
     o->nwaiters = z->nwaiters - z->nslots;
     o->active = z->active;
@@ -1233,13 +1445,29 @@ apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
     return (apr_uint32_t)(secs < 1 ? 1 : secs > ceiling ? ceiling : secs);
 }
 
+/* Uniform in [0, 1), per thread: the spread of one Retry-After. */
+static double spread(void)
+{
+    static __thread apr_uint64_t x;
+
+    if (!x) {
+        x = ((apr_uint64_t)getpid() << 32) ^ (apr_uint64_t)at_now_us() ^
+            (apr_uint64_t)(apr_uintptr_t)&x;
+        x |= 1;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (double)(x >> 11) / (double)(APR_UINT64_C(1) << 53);
+}
+
 apr_uint32_t at_zone_retry_after(at_zone_t *z)
 {
     if (z->retry_after != AT_RETRY_AFTER_AUTO) {
         return z->retry_after;
     }
     /* Read without the lock: an estimate either way. */
-    return at_retry_after_secs(z->queued, z->service_med_us, z->limit, z->retry_after_max);
+    return at_retry_advice(&z->retry, retry_floor(z), retry_ceiling(z), spread());
 }
 
 #ifdef AT_TEST_HOOKS

@@ -54,6 +54,9 @@ typedef struct {
     int zone_state;
     zone_ref_t *ref;
     apr_array_header_t *bypass; /* ap_expr_info_t * */
+    int priority_set;           /* ThrottlePriority given here */
+    int priority;
+    apr_int64_t priority_timeout_us; /* 0: the zone's timeout */
 } dir_conf_t;
 
 /* The outcome for one initial request, kept on the initial request so an
@@ -62,6 +65,7 @@ typedef struct {
     zone_ref_t *ref;
     at_ticket_t ticket;
     const char *result;
+    int priority;
     int holding;
     int refused; /* answered 503: what runs next is its ErrorDocument */
 } req_state_t;
@@ -204,6 +208,20 @@ static const char *set_bypass(cmd_parms *cmd, void *dconf, const char *expr)
     return NULL;
 }
 
+static const char *set_priority(cmd_parms *cmd, void *dconf, const char *n,
+                                const char *opt)
+{
+    dir_conf_t *d = dconf;
+    const char *err =
+        at_parse_priority(cmd->pool, n, opt, &d->priority, &d->priority_timeout_us);
+
+    if (err) {
+        return apr_psprintf(cmd->pool, "ThrottlePriority: %s", err);
+    }
+    d->priority_set = 1;
+    return NULL;
+}
+
 static void *create_srv_conf(apr_pool_t *p, server_rec *s)
 {
     srv_conf_t *sc = apr_pcalloc(p, sizeof(*sc));
@@ -239,6 +257,10 @@ static void *merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
     d->zone_state = add->zone_state != ZONE_UNSET ? add->zone_state : base->zone_state;
     d->ref = add->zone_state != ZONE_UNSET ? add->ref : base->ref;
     d->bypass = apr_array_append(p, base->bypass, add->bypass);
+    d->priority_set = add->priority_set || base->priority_set;
+    d->priority = add->priority_set ? add->priority : base->priority;
+    d->priority_timeout_us =
+        add->priority_set ? add->priority_timeout_us : base->priority_timeout_us;
     return d;
 }
 
@@ -611,6 +633,8 @@ static apr_status_t release_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 static void export_outcome(request_rec *r, const req_state_t *st)
 {
     apr_table_setn(r->subprocess_env, "THROTTLE_ZONE", st->ref->name);
+    apr_table_setn(r->subprocess_env, "THROTTLE_PRIORITY",
+                   apr_itoa(r->pool, st->priority));
     apr_table_setn(r->subprocess_env, "THROTTLE_RESULT", st->result);
     apr_table_setn(r->subprocess_env, "THROTTLE_WAIT_US",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, st->ticket.wait_us));
@@ -626,6 +650,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_CLIENT: return "rejected-client";
     case AT_REJECTED_PREDICTED: return "rejected-predicted";
     case AT_REJECTED_WORKERS: return "rejected-workers";
+    case AT_REJECTED_STANDING: return "rejected-standing";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -698,6 +723,7 @@ static int throttle_handler(request_rec *r)
     zone_ref_t *ref;
     req_state_t *st;
     at_client_key_t client;
+    at_request_t rq;
     at_result_t res;
     int rc;
 
@@ -717,6 +743,7 @@ static int throttle_handler(request_rec *r)
     }
     st = apr_pcalloc(r->pool, sizeof(*st));
     st->ref = ref;
+    st->priority = d->priority;
     ap_set_module_config(top->request_config, &adaptive_throttle_module, st);
     if (bypassed(r, d)) {
         st->result = "bypass";
@@ -733,15 +760,21 @@ static int throttle_handler(request_rec *r)
      * told mod_remoteip which proxies to believe. */
     at_client_key_from_sockaddr(r->useragent_addr, ref->conf.client_v6_prefix, &client);
     maybe_hang_holding_lock(r, ref->zone);
-    res = at_zone_acquire_if(ref->zone, &st->ticket, &client, at_may_wait(ref->zone),
-                             client_gone, r);
+    rq.client = &client;
+    rq.may_wait = at_may_wait(ref->zone);
+    rq.priority = d->priority;
+    rq.timeout_us = d->priority_timeout_us;
+    res = at_zone_acquire_req(ref->zone, &st->ticket, &rq, client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
-    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: %s%s, waited %" APR_INT64_T_FMT
-                  " us, %u waiting ahead on arrival", ref->name, st->result,
-                  res == AT_DRY_RUN_QUEUED ? " (would have queued)"
+    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                  "zone %s: %s%s, priority %d, waited %" APR_INT64_T_FMT
+                  " us, %u waiting ahead on arrival",
+                  ref->name, st->result,
+                  res == AT_DRY_RUN_QUEUED     ? " (would have queued)"
                   : res == AT_DRY_RUN_REJECTED ? " (would have been rejected: queue full)"
-                  : "", st->ticket.wait_us, st->ticket.queue_depth);
+                                               : "",
+                  st->priority, st->ticket.wait_us, st->ticket.queue_depth);
 
     switch (res) {
     case AT_ADMITTED:
@@ -755,6 +788,7 @@ static int throttle_handler(request_rec *r)
     case AT_REJECTED_CLIENT:
     case AT_REJECTED_PREDICTED:
     case AT_REJECTED_WORKERS:
+    case AT_REJECTED_STANDING:
         st->refused = 1;
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
@@ -800,7 +834,8 @@ static const command_rec throttle_cmds[] = {
                       "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
                       "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
                       "[per_client=N [per_client_v6=/64]] [mem=SIZE] [read_body=SIZE] "
-                      "[retry_after_max=SECONDS] [status=503|429]: a shared cap and queue"),
+                      "[retry_after_max=SECONDS] [status=503|429] [reserve=N] "
+                      "[codel=TARGET[:INTERVAL]]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
@@ -809,6 +844,10 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE1("ThrottleBypass", set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
                   "ThrottleBypass EXPR: requests for which EXPR is true are not "
                   "throttled"),
+    AP_INIT_TAKE12("ThrottlePriority", set_priority, NULL, RSRC_CONF | ACCESS_CONF,
+                   "ThrottlePriority N [timeout=DURATION]: requests here wait in "
+                   "priority order, higher first (-10 to 10, default 0); the timeout "
+                   "replaces the zone's"),
     AP_INIT_TAKE1("ThrottleAgent", at_set_agent, NULL, RSRC_CONF,
                   "ThrottleAgent NAME: connections to this virtual host's address "
                   "get HAProxy's agent-check line for zone NAME instead of HTTP"),
@@ -825,8 +864,7 @@ static const command_rec throttle_cmds[] = {
     AP_INIT_TAKE12("ThrottleChildMaxAge", at_set_child_max_age, NULL, RSRC_CONF,
                    "ThrottleChildMaxAge DURATION [JITTER%]: prefork children retire "
                    "after about DURATION, even when idle"),
-    {NULL}
-};
+    {NULL}};
 
 static void throttle_register_hooks(apr_pool_t *p)
 {

@@ -29,7 +29,7 @@ typedef enum { GAUGE, COUNTER } kind_t;
 /* Fields that mean something only for zones using a feature: HTML and
  * ?auto leave them out elsewhere; JSON and Prometheus keep one schema for
  * every zone (0 where the feature is off). */
-typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM } shown_t;
+typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM, IF_CODEL } shown_t;
 
 typedef struct {
     const char *key;   /* ?auto and HTML: Throttle.<zone>.<key> */
@@ -47,7 +47,8 @@ enum {
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
     F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
-    F_PER_CLIENT, F_CLIENTS,
+    F_PER_CLIENT, F_CLIENTS, F_RESERVE,
+    F_CODEL_TARGET, F_CODEL_INTERVAL, F_QUEUE_STANDING, F_QUEUE_STANDING_MS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
 #define F_COUNTER_ENUM(field, ...) F_##field,
     AT_ZONE_COUNTERS(F_COUNTER_ENUM)
@@ -88,6 +89,11 @@ static const field_t fields[NFIELDS] = {
     {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit.", ALWAYS},
     {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set).", ALWAYS},
+    {"Reserve", "reserve", "reserve", NULL, GAUGE, "Slots that requests of priority 0 and below leave free (reserve=).", ALWAYS},
+    {"CodelTargetMs", "codel_target_ms", NULL, NULL, GAUGE, NULL, IF_CODEL},
+    {"CodelIntervalMs", "codel_interval_ms", NULL, NULL, GAUGE, NULL, IF_CODEL},
+    {"QueueStanding", "queue_standing", "queue_standing", NULL, GAUGE, "1 while the queue stands (codel=): waits are cut to the target.", IF_CODEL},
+    {"QueueStandingMs", "queue_standing_ms", NULL, NULL, GAUGE, NULL, IF_CODEL},
     {"Mem", "mem_bytes", "mem_bytes", NULL, GAUGE, "Memory a request of the zone needs available to start (mem=); 0: not checked.", IF_MEM},
     {"MemAvailable", "mem_available_bytes", "mem_available_bytes", NULL, GAUGE, "Available memory at the last reading (mem= zones).", IF_MEM},
     {"MemSource", "mem_source", NULL, NULL, GAUGE, NULL, IF_MEM},
@@ -145,6 +151,11 @@ static void fill_values(zone_view_t *z)
     v[F_SERVICE_N] = (double)s->service_recent.n;
     v[F_PER_CLIENT] = s->per_client;
     v[F_CLIENTS] = s->clients;
+    v[F_RESERVE] = s->reserve;
+    v[F_CODEL_TARGET] = ms(s->codel_target_us);
+    v[F_CODEL_INTERVAL] = ms(s->codel_interval_us);
+    v[F_QUEUE_STANDING] = s->standing_us > 0;
+    v[F_QUEUE_STANDING_MS] = ms(s->standing_us);
     v[F_MEM] = (double)s->mem_bytes;
     v[F_MEM_AVAIL] = (double)s->mem_avail;
     v[F_MEM_SOURCE] = s->mem_source;
@@ -203,6 +214,7 @@ static int field_shown(const zone_view_t *z, int f)
     switch (fields[f].shown) {
     case IF_AUTO: return z->s.limit_auto;
     case IF_MEM: return z->s.mem_bytes > 0;
+    case IF_CODEL: return z->s.codel_target_us > 0;
     default: return 1;
     }
 }
@@ -216,6 +228,38 @@ static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
     }
     return num(p, z->v[f]);
 }
+
+/* ---- per priority ---------------------------------------------------------- */
+
+/* Each priority that has seen a request: its totals, what waits now and
+ * the wait percentiles of its admitted requests since the zone began. */
+typedef struct {
+    const char *key, *json;
+} prio_field_t;
+
+enum { P_ADMITTED, P_REJECTED, P_QUEUED, P_WAIT_P50, P_WAIT_P90, P_WAIT_P99, NPFIELDS };
+
+static const prio_field_t prio_fields[NPFIELDS] = {
+    {"Admitted", "admitted"}, {"Rejected", "rejected"}, {"Queued", "queued"},
+    {"WaitP50Ms", "wait_p50_ms"}, {"WaitP90Ms", "wait_p90_ms"}, {"WaitP99Ms", "wait_p99_ms"},
+};
+
+static int prio_seen(const at_priority_stats_t *ps)
+{
+    return ps->admitted || ps->rejected || ps->queued;
+}
+
+static void prio_values(const at_priority_stats_t *ps, double *v)
+{
+    v[P_ADMITTED] = (double)ps->admitted;
+    v[P_REJECTED] = (double)ps->rejected;
+    v[P_QUEUED] = ps->queued;
+    v[P_WAIT_P50] = ms(at_hist_quantile(&ps->wait, 0.50));
+    v[P_WAIT_P90] = ms(at_hist_quantile(&ps->wait, 0.90));
+    v[P_WAIT_P99] = ms(at_hist_quantile(&ps->wait, 0.99));
+}
+
+#define PRIO_OF(i) ((i) + AT_PRIORITY_MIN)
 
 /* ---- ?auto: Key: value lines -------------------------------------------- */
 
@@ -240,6 +284,23 @@ static void emit_auto_children(request_rec *r)
     }
 }
 
+static void emit_auto_priorities(request_rec *r, const zone_view_t *z)
+{
+    double v[NPFIELDS];
+    int p, f;
+
+    for (p = AT_PRIORITIES - 1; p >= 0; p--) {
+        if (!prio_seen(&z->s.priority[p])) {
+            continue;
+        }
+        prio_values(&z->s.priority[p], v);
+        for (f = 0; f < NPFIELDS; f++) {
+            ap_rprintf(r, "Throttle.%s.Priority.%d.%s: %s\n", z->name, PRIO_OF(p),
+                       prio_fields[f].key, num(r->pool, v[f]));
+        }
+    }
+}
+
 static void emit_auto(request_rec *r, apr_array_header_t *views)
 {
     int i, f;
@@ -259,11 +320,33 @@ static void emit_auto(request_rec *r, apr_array_header_t *views)
                            value_text(r->pool, z, f));
             }
         }
+        emit_auto_priorities(r, z);
     }
     emit_auto_children(r);
 }
 
 /* ---- ?json ------------------------------------------------------------------ */
+
+static void emit_json_priorities(request_rec *r, const zone_view_t *z)
+{
+    double v[NPFIELDS];
+    int p, f, first = 1;
+
+    ap_rputs(",\"priorities\":[", r);
+    for (p = AT_PRIORITIES - 1; p >= 0; p--) {
+        if (!prio_seen(&z->s.priority[p])) {
+            continue;
+        }
+        prio_values(&z->s.priority[p], v);
+        ap_rprintf(r, "%s{\"priority\":%d", first ? "" : ",", PRIO_OF(p));
+        for (f = 0; f < NPFIELDS; f++) {
+            ap_rprintf(r, ",\"%s\":%s", prio_fields[f].json, num(r->pool, v[f]));
+        }
+        ap_rputs("}", r);
+        first = 0;
+    }
+    ap_rputs("]", r);
+}
 
 static void emit_json(request_rec *r, apr_array_header_t *views)
 {
@@ -286,6 +369,7 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
                 ap_rprintf(r, ",\"%s\":%s", fields[f].json, num(r->pool, z->v[f]));
             }
         }
+        emit_json_priorities(r, z);
         ap_rputs("}", r);
     }
     ap_rputs("]", r);
@@ -342,6 +426,57 @@ static void emit_histogram(request_rec *r, apr_array_header_t *views, const char
                    (double)h->sum_us / 1e6);
         ap_rprintf(r, "apache_throttle_%s_count{zone=\"%s\"} %" APR_UINT64_T_FMT "\n",
                    name, z->name, h->n);
+    }
+}
+
+/* One family per priority figure, labelled zone and priority; the wait
+ * percentiles as a summary's quantiles. */
+static void emit_prometheus_priorities(request_rec *r, apr_array_header_t *views)
+{
+    static const struct {
+        const char *name, *type, *help;
+        int field;
+    } fam[] = {
+        {"priority_admitted_total", "counter", "Requests admitted, by priority.", P_ADMITTED},
+        {"priority_rejected_total", "counter", "Requests refused, by priority.", P_REJECTED},
+        {"priority_queued", "gauge", "Requests waiting now, by priority.", P_QUEUED},
+        {"priority_wait_seconds", "summary", "Wait of admitted requests, by priority.", -1},
+    };
+    static const double q[] = {0.5, 0.9, 0.99};
+    static const char *const q_label[] = {"0.5", "0.9", "0.99"}; /* APR's %g drops the 0 */
+    double v[NPFIELDS];
+    size_t k, j;
+    int i, p;
+
+    for (k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
+        ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s %s\n",
+                   fam[k].name, fam[k].help, fam[k].name, fam[k].type);
+        for (i = 0; i < views->nelts; i++) {
+            zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+            for (p = AT_PRIORITIES - 1; p >= 0; p--) {
+                const at_priority_stats_t *ps = &z->s.priority[p];
+                if (!prio_seen(ps)) {
+                    continue;
+                }
+                prio_values(ps, v);
+                if (fam[k].field >= 0) {
+                    ap_rprintf(r, "apache_throttle_%s{zone=\"%s\",priority=\"%d\"} %s\n",
+                               fam[k].name, z->name, PRIO_OF(p),
+                               num(r->pool, v[fam[k].field]));
+                    continue;
+                }
+                for (j = 0; j < sizeof(q) / sizeof(q[0]); j++) {
+                    ap_rprintf(r, "apache_throttle_%s{zone=\"%s\",priority=\"%d\","
+                               "quantile=\"%s\"} %.6f\n", fam[k].name, z->name, PRIO_OF(p),
+                               q_label[j], (double)at_hist_quantile(&ps->wait, q[j]) / 1e6);
+                }
+                ap_rprintf(r, "apache_throttle_%s_sum{zone=\"%s\",priority=\"%d\"} %.6f\n"
+                           "apache_throttle_%s_count{zone=\"%s\",priority=\"%d\"} %"
+                           APR_UINT64_T_FMT "\n", fam[k].name, z->name, PRIO_OF(p),
+                           (double)ps->wait.sum_us / 1e6, fam[k].name, z->name,
+                           PRIO_OF(p), ps->wait.n);
+            }
+        }
     }
 }
 
@@ -415,6 +550,7 @@ static void emit_prometheus(request_rec *r, apr_array_header_t *views)
                    "Time admitted requests waited for a slot (0 if none).", 1);
     emit_histogram(r, views, "service_seconds",
                    "Time from getting a slot to releasing it.", 0);
+    emit_prometheus_priorities(r, views);
 }
 
 /* ---- HTML ---------------------------------------------------------------------- */
@@ -453,6 +589,39 @@ static void emit_html_table(request_rec *r, apr_array_header_t *views)
     ap_rputs("</table>\n", r);
 }
 
+static void emit_html_priorities(request_rec *r, apr_array_header_t *views)
+{
+    double v[NPFIELDS];
+    int i, p, f, any = 0;
+
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        for (p = AT_PRIORITIES - 1; p >= 0; p--) {
+            if (!prio_seen(&z->s.priority[p])) {
+                continue;
+            }
+            if (!any++) {
+                ap_rputs("<h2>By priority</h2>\n<table border=\"1\" cellpadding=\"3\">\n"
+                         "<tr><th>zone</th><th>priority</th>", r);
+                for (f = 0; f < NPFIELDS; f++) {
+                    ap_rprintf(r, "<th>%s</th>", prio_fields[f].key);
+                }
+                ap_rputs("</tr>\n", r);
+            }
+            prio_values(&z->s.priority[p], v);
+            ap_rprintf(r, "<tr><td>%s</td><td align=\"right\">%d</td>",
+                       ap_escape_html(r->pool, z->name), PRIO_OF(p));
+            for (f = 0; f < NPFIELDS; f++) {
+                ap_rprintf(r, "<td align=\"right\">%s</td>", num(r->pool, v[f]));
+            }
+            ap_rputs("</tr>\n", r);
+        }
+    }
+    if (any) {
+        ap_rputs("</table>\n", r);
+    }
+}
+
 static void emit_html_children(request_rec *r)
 {
     apr_array_header_t *kids;
@@ -489,6 +658,7 @@ static void emit_html(request_rec *r, apr_array_header_t *views)
                "<a href=\"?prometheus\">?prometheus</a>.</p>\n",
                AT_MODULE_VERSION, ap_show_mpm());
     emit_html_table(r, views);
+    emit_html_priorities(r, views);
     emit_html_children(r);
     ap_rputs("</body></html>\n", r);
 }

@@ -50,6 +50,9 @@ static void check_zone_args(apr_pool_t *p, const char *s)
         assert(!c.limit_auto
                || (c.limit_min >= 1 && c.limit_min <= c.limit && c.limit <= c.limit_max
                    && c.limit_max <= AT_LIMIT_MAX));
+        assert(c.reserve < at_conf_highest_limit(&c));
+        assert(c.codel_target_us >= 0 && c.codel_target_us < c.timeout_us);
+        assert(c.codel_interval_us >= 0 && c.codel_interval_us <= AT_TIMEOUT_MAX_US);
     }
     else {
         assert(*err);
@@ -62,6 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *s, *err;
     apr_uint64_t n;
     apr_int64_t us;
+    int prio;
 
     if (!root) {
         apr_initialize();
@@ -72,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     apr_pool_create(&p, root);
     s = apr_pstrmemdup(p, (const char *)data + 1, size - 1); /* stops at a NUL */
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
     case 0:
         check_zone_args(p, s);
         break;
@@ -88,6 +92,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         err = at_parse_size(p, s, 1, AT_MEM_MAX, &n);
         assert(err || (n >= 1 && n <= AT_MEM_MAX));
         break;
+    case 4: {
+        /* ThrottlePriority N [timeout=D]: two words at most */
+        const char *argv[MAX_WORDS];
+        int argc = split_words(p, s, argv);
+        if (argc >= 1 && argc <= 2) {
+            err = at_parse_priority(p, argv[0], argc == 2 ? argv[1] : NULL, &prio, &us);
+            assert(err ||
+                   (prio >= AT_PARSE_PRIORITY_MIN && prio <= AT_PARSE_PRIORITY_MAX &&
+                    us >= 0 && us <= AT_TIMEOUT_MAX_US));
+        }
+        break;
+    }
     default:
         err = at_parse_zone_name(p, s);
         assert(err || (strlen(s) >= 1 && strlen(s) <= AT_ZONE_NAME_MAX));

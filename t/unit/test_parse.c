@@ -245,6 +245,63 @@ static void test_refusal_status(void **state)
     }
 }
 
+static void test_reserve_and_codel(void **state)
+{
+    static const char *const bad[] = {
+        "limit=4 reserve=4",          "limit=4 reserve=-1",
+        "limit=auto max=3 reserve=3", "limit=4 codel=0ms",
+        "limit=4 codel=soon",         "limit=4 codel=100ms:",
+        "limit=4 codel=100ms:0",      "limit=4 timeout=1s codel=1s",
+        "limit=4 codel=200ms:2s:3s"};
+    at_zone_conf_t c;
+    size_t i;
+    (void)state;
+
+    assert_null(parse_line("limit=4", &c));
+    assert_int_equal(c.reserve, 0);
+    assert_int_equal(c.codel_target_us, 0);
+    assert_null(parse_line("limit=4 reserve=3 codel=200ms", &c));
+    assert_int_equal(c.reserve, 3);
+    assert_int_equal(c.codel_target_us, 200000);
+    assert_int_equal(c.codel_interval_us, 0);
+    assert_null(parse_line("limit=auto max=8 reserve=2 codel=50ms:2s", &c));
+    assert_int_equal(c.reserve, 2);
+    assert_int_equal(c.codel_target_us, 50000);
+    assert_int_equal(c.codel_interval_us, 2000000);
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *err = parse_line(bad[i], &c);
+
+        if (!err || !(strstr(err, "reserve") || strstr(err, "codel"))) {
+            fail_msg("'%s' gave %s", bad[i], err ? err : "no error");
+        }
+    }
+}
+
+static void test_priority(void **state)
+{
+    static const char *const bad[][2] = {
+        {"11", NULL},  {"-11", NULL},      {"high", NULL},        {"", NULL},
+        {"1.5", NULL}, {"3", "timeout=0"}, {"3", "timeout=soon"}, {"3", "wait=2s"}};
+    apr_int64_t tmo;
+    int prio;
+    size_t i;
+    (void)state;
+
+    assert_null(at_parse_priority(pool, "10", NULL, &prio, &tmo));
+    assert_int_equal(prio, 10);
+    assert_int_equal(tmo, 0);
+    assert_null(at_parse_priority(pool, "-10", "timeout=250ms", &prio, &tmo));
+    assert_int_equal(prio, -10);
+    assert_int_equal(tmo, 250000);
+    assert_null(at_parse_priority(pool, "+2", NULL, &prio, &tmo));
+    assert_int_equal(prio, 2);
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (!at_parse_priority(pool, bad[i][0], bad[i][1], &prio, &tmo)) {
+            fail_msg("'%s %s' was accepted", bad[i][0], bad[i][1] ? bad[i][1] : "");
+        }
+    }
+}
+
 static void test_zone_names(void **state)
 {
     (void)state;
@@ -273,6 +330,8 @@ int main(void)
         cmocka_unit_test(test_zone_names),
         cmocka_unit_test(test_hardening_keys),
         cmocka_unit_test(test_refusal_status),
+        cmocka_unit_test(test_reserve_and_codel),
+        cmocka_unit_test(test_priority),
     };
     int rc;
 
