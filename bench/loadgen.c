@@ -57,6 +57,14 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+static void sleep_until(int64_t t_us)
+{
+    struct timespec ts = {.tv_sec = t_us / 1000000, .tv_nsec = (t_us % 1000000) * 1000};
+
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
 static int take_ticket(void)
 {
     int ok;
@@ -158,10 +166,11 @@ static void *client(void *arg)
         }
         s->v[s->n++] = x;
         if (honour_retry_after && x.status == 503 && retry_after > 0) {
+            /* One sleep, to the advice or the end of the run: a client that
+             * woke every few ms to look would cost 200 sleeping clients a
+             * share of the CPU that the server under test needs. */
             int64_t until = now_us() + (int64_t)retry_after * 1000000;
-            while (now_us() < until && now_us() < deadline) {
-                usleep(10000);
-            }
+            sleep_until(until < deadline ? until : deadline);
         }
     }
     return NULL;
