@@ -30,11 +30,12 @@ typedef struct {
     apr_uint32_t pad;
 } at_retry_t;
 
-/* A refusal or a grant at now (lock held); floor and ceiling in seconds. */
-void at_retry_refused(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
-                      apr_uint32_t ceiling_s);
-void at_retry_granted(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
-                      apr_uint32_t ceiling_s);
+/* Before counting a refusal or a grant at now (lock held): whether the
+ * window is over and must be judged with at_retry_close. Cheap: the floor
+ * is needed only when it is. */
+int at_retry_due(const at_retry_t *r, apr_int64_t now);
+void at_retry_close(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
+                    apr_uint32_t ceiling_s);
 
 /* The seconds to tell one refused client: the mean advice (at least
  * floor_s) spread by u, uniform in [0, 1), within [1, ceiling_s]. Reads one

@@ -21,41 +21,34 @@ static apr_uint64_t next_advice_ms(apr_uint64_t mean, apr_uint32_t refused,
     return clamp_u64(mean * refused / granted, mean / 2, mean * 2);
 }
 
-static void close_window_if_due(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
-                                apr_uint32_t ceiling_s)
+/* A window lasts as long as the advice in force, at least
+ * AT_RETRY_WINDOW_MIN_US. */
+static apr_int64_t window_us(const at_retry_t *r)
 {
-    apr_uint64_t floor_ms = (apr_uint64_t)floor_s * 1000,
-                 ceiling_ms = (apr_uint64_t)ceiling_s * 1000;
-    apr_uint64_t mean = r->advice_ms > floor_ms ? r->advice_ms : floor_ms, next;
-    apr_int64_t due = (apr_int64_t)mean * 1000, age = now - r->window_start_us;
+    apr_int64_t us = (apr_int64_t)r->advice_ms * 1000;
 
-    if (due < AT_RETRY_WINDOW_MIN_US) {
-        due = AT_RETRY_WINDOW_MIN_US;
-    }
-    if (age < due) {
-        return;
-    }
-    next = age >= AT_RETRY_STALE_WINDOWS * due
+    return us < AT_RETRY_WINDOW_MIN_US ? AT_RETRY_WINDOW_MIN_US : us;
+}
+
+int at_retry_due(const at_retry_t *r, apr_int64_t now)
+{
+    return now - r->window_start_us >= window_us(r);
+}
+
+void at_retry_close(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
+                    apr_uint32_t ceiling_s)
+{
+    apr_uint64_t floor_ms = (apr_uint64_t)floor_s * 1000, ceiling_ms = (apr_uint64_t)ceiling_s * 1000;
+    apr_uint64_t mean = r->advice_ms > floor_ms ? r->advice_ms : floor_ms, next;
+    apr_int64_t age = now - r->window_start_us;
+
+    next = age >= AT_RETRY_STALE_WINDOWS * window_us(r)
                ? 0
                : next_advice_ms(mean, r->refused, r->granted);
     next = clamp_u64(next, floor_ms, ceiling_ms > floor_ms ? ceiling_ms : floor_ms);
     r->advice_ms = next > floor_ms ? (apr_uint32_t)next : 0;
     r->refused = r->granted = 0;
     r->window_start_us = now;
-}
-
-void at_retry_refused(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
-                      apr_uint32_t ceiling_s)
-{
-    close_window_if_due(r, now, floor_s, ceiling_s);
-    r->refused++;
-}
-
-void at_retry_granted(at_retry_t *r, apr_int64_t now, apr_uint32_t floor_s,
-                      apr_uint32_t ceiling_s)
-{
-    close_window_if_due(r, now, floor_s, ceiling_s);
-    r->granted++;
 }
 
 apr_uint32_t at_retry_advice(const at_retry_t *r, apr_uint32_t floor_s,

@@ -457,11 +457,20 @@ static apr_uint32_t retry_floor(const at_zone_t *z)
                                z->retry_after_max);
 }
 
+/* retry_after=auto: the floor is worked out only when a window closes. */
+static void retry_window_turn(at_zone_t *z, apr_int64_t now)
+{
+    if (at_retry_due(&z->retry, now)) {
+        at_retry_close(&z->retry, now, retry_floor(z), retry_ceiling(z));
+    }
+}
+
 static void count_refusal(at_zone_t *z, int priority, apr_int64_t now, int scheduled)
 {
     z->prio[PRIO_INDEX(priority)].rejected++;
     if (scheduled && z->retry_after == AT_RETRY_AFTER_AUTO) {
-        at_retry_refused(&z->retry, now, retry_floor(z), retry_ceiling(z));
+        retry_window_turn(z, now);
+        z->retry.refused++;
     }
 }
 
@@ -472,7 +481,8 @@ static void count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int
     pt->admitted++;
     at_hist_add(&pt->wait, wait_us);
     if (z->retry_after == AT_RETRY_AFTER_AUTO) {
-        at_retry_granted(&z->retry, now, retry_floor(z), retry_ceiling(z));
+        retry_window_turn(z, now);
+        z->retry.granted++;
     }
 }
 

@@ -344,6 +344,21 @@ static void test_codel_in_a_zone(void **state)
 
 /* ---- retry_after=auto, simulated clients ---------------------------------- */
 
+/* What the zone does for each refusal (refused 1) or grant (0). */
+static void retry_count(at_retry_t *r, int refused, apr_int64_t now, apr_uint32_t floor_s,
+                        apr_uint32_t ceiling_s)
+{
+    if (at_retry_due(r, now)) {
+        at_retry_close(r, now, floor_s, ceiling_s);
+    }
+    if (refused) {
+        r->refused++;
+    }
+    else {
+        r->granted++;
+    }
+}
+
 /* A closed loop on a simulated clock, 1 ms a step: CLIENTS clients, a zone
  * of SLOTS slots of SERVICE ms and a queue of QUEUE. A client sends its
  * next request as soon as one is served; a refused one waits the advice
@@ -387,7 +402,7 @@ static sim_result_t simulate(int clients, int impolite, int impolite_ms, int sec
                 running[s] = queue[0];
                 memmove(queue, queue + 1, sizeof(int) * (size_t)--qn);
                 run_end[s] = ms + SERVICE;
-                at_retry_granted(&r, now, floor_s, CEILING);
+                retry_count(&r, 0, now, floor_s, CEILING);
             }
         }
         for (int i = 0; i < clients; i++) {
@@ -400,7 +415,7 @@ static sim_result_t simulate(int clients, int impolite, int impolite_ms, int sec
             if (s < SLOTS && !qn) {
                 running[s] = i;
                 run_end[s] = ms + SERVICE;
-                at_retry_granted(&r, now, floor_s, CEILING);
+                retry_count(&r, 0, now, floor_s, CEILING);
             }
             else if (qn < QUEUE) {
                 queue[qn++] = i;
@@ -408,7 +423,7 @@ static sim_result_t simulate(int clients, int impolite, int impolite_ms, int sec
             else {
                 apr_uint32_t adv;
                 if (scheduled) {
-                    at_retry_refused(&r, now, floor_s, CEILING);
+                    retry_count(&r, 1, now, floor_s, CEILING);
                 }
                 adv = at_retry_advice(&r, floor_s, CEILING,
                                       rand_r(&seed) / (RAND_MAX + 1.0));
@@ -451,9 +466,9 @@ static void test_retry_impolite_clients_are_bounded(void **state)
     (void)state;
 
     for (ms = 0; ms < 600000; ms += 10) {
-        at_retry_refused(&r, ms * MS, 1, CEILING);
+        retry_count(&r, 1, ms * MS, 1, CEILING);
         if (ms % 100 == 0) {
-            at_retry_granted(&r, ms * MS, 1, CEILING);
+            retry_count(&r, 0, ms * MS, 1, CEILING);
         }
         adv = at_retry_advice(&r, 1, CEILING, 0.999);
         assert_true(adv <= CEILING);
@@ -461,7 +476,7 @@ static void test_retry_impolite_clients_are_bounded(void **state)
     assert_true(adv >= CEILING / 2);
     /* gone: only grants from now on */
     for (; ms < 1200000; ms += 100) {
-        at_retry_granted(&r, ms * MS, 1, CEILING);
+        retry_count(&r, 0, ms * MS, 1, CEILING);
     }
     assert_int_equal(at_retry_advice(&r, 1, CEILING, 0.5), 1);
 }
