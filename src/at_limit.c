@@ -3,68 +3,77 @@
  * the lowest limit giving the most throughput. See docs/adaptive-limit.md.
  *
  * It judges each step by what it did to throughput (requests running per
- * second of service), not by latency against a remembered baseline: one has to
- * be measured at low concurrency, and getting one under load means pinning
- * the limit down, which is what makes other controllers refuse requests
- * while they re-measure.
+ * second of service), not by latency against a remembered baseline, which
+ * has to be measured at low concurrency: pinning the limit down to get one
+ * is what makes other controllers refuse requests while they re-measure.
  */
 #include "at_limit.h"
 
 #include <math.h>
 #include <string.h>
 
-/* A step up is worth it when at least this share of the relative change
- * in concurrency shows as a relative change in throughput. S4's sleep-bound
- * CGI gives 0.87 x the throughput at 32 that it gives at 64, a share of
- * 0.2 all the way: with 0.2 here, steps up that high passed as often as
- * they failed and the limit stopped at 31 - 38 (0.87 - 0.90 x). */
+/*
+ * Tunables, each with what it trades and, in brackets, the evidence
+ * (t/unit/test_limit.c's simulations, or S4: docs/benchmarks/s4.md).
+ * Window length and sample counts: at_limit.h; window bounds: at_tuning.h.
+ *
+ * WORTH_UP 0.15        a step up pays if throughput grows by this share of
+ *                      its change in concurrency: higher stops climbs early
+ *                      on bending curves [S4's sleeping CGI pays 0.2 from 32
+ *                      to 64; at 0.2 the limit stopped at 31 - 38]
+ * DOWN_LEAST, DOWN_MOST 0.1, 0.2  what a step down may cost and still pass,
+ *                      by the noise of the comparison: more lets a limit
+ *                      walk down a flat top [at 0.2 throughout: 64 -> 31 in S4]
+ * NOISE_SES 1          standard errors of the comparison added to each
+ *                      threshold: more costs a knee throughput [1.5: -10 %,
+ *                      1: -4 %, and no creep]
+ * KNEE_SHARE 0.5       a step up paying less than this share reached the knee:
+ *                      the steps stop growing [S4: 17 -> 31 paid 0.75, 31 -> 57 0.19]
+ * CORES_HOLD 9         windows held after a step below the cores failed: each
+ *                      such window costs CPU-bound work a core's share
+ * MIN_REL_CHANGE 0.02  smaller changes of concurrency cannot be judged
+ * CONFIRMATIONS 2      more windows a probe at the top must pass before the
+ *                      held level moves: fewer let the held level wander a
+ *                      flat top [simulated switch, off after 10 s: 160 of
+ *                      500 judged by one window, 73 by two]
+ * REF_WINDOWS 4        windows at the settled level pooled as a reference:
+ *                      one alone doubles the noise of the comparison
+ * STEP_FIRST 0.2, STEP_DOUBLINGS 2  steps of a run: 20, 40, 80 % (at least 1)
+ * WORK_CHANGED 1.5     a service time this many times longer or shorter than
+ *                      concurrency explains: the work itself changed
+ * SHED_LEAST, SHED_MOST 0.2, 0.8  the share one shed may take off the limit
+ * SHED_DOUBT_SES 2     a shed reads the growth of the service time this many
+ *                      standard errors low: one huge request counts for little
+ * REF_RESTART_SES 3    a window this many standard errors off the pooled
+ *                      reference starts a new pool: the work is drifting
+ * RSE_FLOOR 0.02       the least relative error a window is taken to have
+ * BASELINE_WEIGHT 0.25 a held level's service time follows each window by this
+ * TOP_WINDOWS 2        windows are this many times longer once the climb found
+ *                      the knee: steps there move throughput 2 - 3 %, windows
+ *                      of 2 service times differ by 4 - 6 % [S4 at 41 - 64]
+ * SAMPLE_TOLERANCE 0.1 a window with few completions is judged once its mean is
+ *                      known to this share of the smallest step
+ */
 #define WORTH_UP 0.15
-/* A step down may cost throughput up to this share of the relative change
- * in concurrency when windows are too noisy to tell finer (CPU-bound work
- * at a few requests, known to 4 - 7 %: the doubt goes to the lower limit),
- * and down to DOWN_LEAST when they are precise; in between, the noise of
- * the comparison. With 0.2 for precise windows too, the limit walked down
- * a flat top in steps that each lost a little: 64 -> 51 -> 31 in S4. */
-#define DOWN_MOST 0.2
 #define DOWN_LEAST 0.1
-/* Standard errors of the comparison a throughput change must exceed to
- * count: the window's own and the reference's, taken as just as noisy per
- * window. 1.5 cost the simulated knee a tenth of its throughput; 1 costs
- * it 4 % and already stops the creep (t/unit/test_limit.c). */
+#define DOWN_MOST 0.2
 #define NOISE_SES 1.0
-/* A step up that paid less than this share of its change in concurrency
- * as a change in throughput reached the knee: a long one (40 or 80 %) went
- * past it, and the level between is tried next; after a short one the
- * steps stop growing. In S4's switch the climb 17 -> 31 paid 0.75 of its
- * step and 31 -> 57 paid 0.19; 42 - 45 gave what 57 and 64 gave, but the
- * limit spent 8 s at 57 - 64 before a probe down found it. */
 #define KNEE_SHARE 0.5
-/* Windows held after a step below the cores did not pay: work that
- * computes loses a core's share of its throughput there (in S4, on 2 cores,
- * 16 of 116 CPU-bound windows ran at 1, a tenth of the time at half the
- * throughput), and work bound on something narrower shows at the first
- * such step, which pays. */
 #define CORES_HOLD (3 * AT_LIMIT_HOLD)
-/* Steps smaller than this change in concurrency cannot be judged. */
 #define MIN_REL_CHANGE 0.02
-/* Windows after its first that a probe at the top must also pass, judged
- * against the same reference, before the held level moves to it. On a flat
- * top a probe's effect is 2 - 3 %, and S4's windows there differ from one
- * another by 4 - 6 % while each reports 1 - 2 %: judged by one window,
- * probes both ways passed by chance and the held level walked 31 - 59 long
- * after the climb (a simulated switch with 4 % window spread: the held
- * level settled after more than 10 s in 160 of 500 runs; judged by two
- * windows, 73). Two windows still agreed by chance often enough that the
- * limit itself, counting the probes around a held level that moved late,
- * left the +-25 % band around where it ended after 10 s in 384 of 1,000
- * simulated switches (windows of two service times differing by 5 %);
- * judged by three, in 276, at 0.950 x the throughput of 64 from 10 s on
- * instead of 0.946 x. */
 #define CONFIRMATIONS 2
-/* Windows at the settled level pooled into the reference a probe is judged
- * against: one window alone is as noisy as the window under test, which
- * doubles the noise of the comparison; four cut it by a third. */
 #define REF_WINDOWS 4
+#define STEP_FIRST 0.2
+#define STEP_DOUBLINGS 2
+#define WORK_CHANGED 1.5
+#define SHED_LEAST 0.2
+#define SHED_MOST 0.8
+#define SHED_DOUBT_SES 2
+#define REF_RESTART_SES 3
+#define RSE_FLOOR 0.02
+#define BASELINE_WEIGHT 0.25
+#define TOP_WINDOWS 2
+#define SAMPLE_TOLERANCE 0.1
 
 static double clamp(const at_limit_t *c, double v)
 {
@@ -103,13 +112,11 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
     return (apr_uint32_t)rounded(clamp(c, c->settled));
 }
 
-/* While climbing, a window of two service times tells a step that pays in
- * proportion from one that does not. At the top a step's effect is 2 - 3 %,
- * and windows of two service times differ from one another by 4 - 6 %
- * (S4's sleeping CGI at 41 - 64): twice as long, half the variance. */
+/* Short windows tell a climb's steps apart; at the top, longer ones halve
+ * the variance that would hide a step's few per cent (TOP_WINDOWS). */
 apr_uint32_t at_limit_window_services(const at_limit_t *c)
 {
-    return c->at_top ? 2 * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
+    return c->at_top ? TOP_WINDOWS * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
 }
 
 /* What the climb found no longer holds (the work changed, or demand fell
@@ -140,7 +147,9 @@ static void step_by(at_limit_t *c, int dir, double frac)
  * so that the number of requests running really changes. */
 static void take_step(at_limit_t *c, int dir)
 {
-    step_by(c, dir, 0.2 * (double)(1u << (c->run < 2 ? c->run : 2)));
+    apr_uint32_t doublings = c->run < STEP_DOUBLINGS ? c->run : STEP_DOUBLINGS;
+
+    step_by(c, dir, STEP_FIRST * (double)(1u << doublings));
 }
 
 /* Whether a level runs fewer requests than the cores the work can use. */
@@ -157,12 +166,9 @@ static int step_was_long(const at_limit_t *c)
 }
 
 /* The step did not pay: back to the last good level, stay there a while,
- * then try the other way. After steps that paid, the one that did not was
- * a larger one (40 or 80 % of the limit, the steps growing while they
- * pay): the best level lies between, so the search goes on the same way
- * at once (probe_between). Turning round instead left a CPU-bound limit
- * that came down 12 -> 9 -> 6 -> 1 at 6, three times the cores, for 7 s of
- * holds and a probe up. Returns whether the step overshot. */
+ * then try the other way. A long step (40 or 80 %) that failed after steps
+ * that paid overshot: the best level lies between, so the search goes on
+ * the same way at once (probe_between). Returns whether it overshot. */
 static int settle(at_limit_t *c)
 {
     int overshot = c->dir && step_was_long(c);
@@ -176,16 +182,11 @@ static int settle(at_limit_t *c)
     return overshot;
 }
 
-/* Down, the level between is their geometric middle, tried at once and
- * judged against the last good level's reference; a middle that pays is
- * followed by the smallest step. S4's CPU-bound limit that came down
- * 12 -> 7 -> 1 on 2 cores then spent 3 s at 7 -> 6 -> 4 -> 1 -> 4 before
- * 3; now 7 -> 3. Up, and when rounding leaves no level between, the last
- * good level runs a window and the smallest step follows: a second probe
- * up is a second chance for noise to look like a gain (on 2 cores, 1 run
- * in 300 then crept to 5). The same middle, below a long step up that
- * reached the knee (KNEE_SHARE). Returns whether there is a level between
- * the settled one and `other` to try. */
+/* Down, the level between is their geometric middle, tried at once against
+ * the last good level's reference: one step instead of a walk of small
+ * ones. Not up: a second probe up is a second chance for noise to look
+ * like a gain. Also used below a long step up that reached the knee.
+ * Returns whether there is a level between the settled one and `other`. */
 static int probe_between(at_limit_t *c, double other)
 {
     double mid = sqrt(c->settled * other);
@@ -221,10 +222,7 @@ static double down_allowance(double rel_c, double noise)
 /* Whether the step under test paid: up, throughput rose with concurrency
  * by more than WORTH_UP of it plus the noise of the comparison; down, it
  * did not fall by more than down_allowance() plus that noise. The doubt
- * goes to the lower limit both ways: a window of CPU-bound work is known
- * to 4 - 7 %, and judged without that, chance let the limit of a
- * CPU-bound zone creep to several times the cores in one simulated run in
- * six.
+ * goes to the lower limit both ways, or noise alone makes a limit creep.
  * -1: cannot tell. */
 static int step_paid(const at_limit_t *c, double x, double conc, double rse)
 {
@@ -244,7 +242,8 @@ static int step_paid(const at_limit_t *c, double x, double conc, double rse)
  * long as the level's usual one means the work itself changed. */
 static int service_changed(double before_us, double now_us)
 {
-    return before_us > 0 && (now_us > 1.5 * before_us || 1.5 * now_us < before_us);
+    return before_us > 0
+           && (now_us > WORK_CHANGED * before_us || WORK_CHANGED * now_us < before_us);
 }
 
 /* Across a step, concurrency alone moves the service time between
@@ -255,8 +254,8 @@ static int work_changed_under_step(const at_limit_t *c, double x, double conc)
     double ratio = conc / c->last_c;
     double before = c->last_c / c->last_x, now = conc / x;
 
-    return now > 1.5 * before * (ratio > 1 ? ratio : 1)
-           || 1.5 * now < before * (ratio < 1 ? ratio : 1);
+    return now > WORK_CHANGED * before * (ratio > 1 ? ratio : 1)
+           || WORK_CHANGED * now < before * (ratio < 1 ? ratio : 1);
 }
 
 /* The reference for the next step: this window alone. */
@@ -279,7 +278,7 @@ static int pool_reference(at_limit_t *c, double x, double conc, double rse)
     double n = c->last_x > 0 ? c->ref_n : 0;
     int restarted = 0;
 
-    if (n > 0 && fabs(x / c->last_x - 1) > 3 * (rse > 0.02 ? rse : 0.02)) {
+    if (n > 0 && fabs(x / c->last_x - 1) > REF_RESTART_SES * (rse > RSE_FLOOR ? rse : RSE_FLOOR)) {
         n = 0;
         restarted = 1;
     }
@@ -309,18 +308,15 @@ static void probe(at_limit_t *c, int dir)
  * standard errors), so that one huge request among few counts for little. */
 static double share_to_shed(double before_us, double service_us, double rse)
 {
-    double r = service_us / before_us * (1 - 2 * rse);
+    double r = service_us / before_us * (1 - SHED_DOUBT_SES * rse);
     double share = r > 1 ? 1 - 1 / r : 0;
 
-    return share < 0.2 ? 0.2 : share > 0.8 ? 0.8 : share;
+    return share < SHED_LEAST ? SHED_LEAST : share > SHED_MOST ? SHED_MOST : share;
 }
 
 /* How far a shed may go at once: the cores. Work that computes keeps
- * them all busy there however heavy each request grew; below them a shed
- * could only suit work bound on something narrower, which a probe down
- * still finds. In S4's switch from a CPU-burning CGI to a sleeping one the
- * service time at 2 on 2 cores tripled, the limit shed to 1, and the
- * windows at 1 and back at 2 took 2.4 s of the climb. */
+ * them all busy there however heavy each request grew; work bound on
+ * something narrower is found by a probe down. */
 static double shed_floor(const at_limit_t *c)
 {
     return clamp(c, c->cores);
@@ -334,26 +330,13 @@ static int above_shed_floor(const at_limit_t *c)
 }
 
 /* The step down after the work grew is kept without being judged: the
- * window it would be judged against caught the change half done (its
- * requests started while lighter ones ran, so by Little's law it shows
- * more throughput than the level gives), and against it any step down
- * looks as if it cost throughput. The next window at the new level is the
- * reference for a probe, at once: up from the floor, or further down as
- * the second step of a run, 40 %. Unless that window shows the work still
- * changing since the one that made the limit shed, beyond what the shed
- * itself explains (work_changed_under_step): then the shed came early in
- * the change, and the limit looks again from the new window (after_shed).
- * Work turning heavier over four windows took a limit of 64 to 4 or less
- * in at most 15 windows without that, 4 with it. The shed only knows how
- * much heavier each request grew, not how far above the knee the old
- * level was: in S4's switch back to computing it left 8 - 18 on 2 cores.
- * With windows known to 5 %, a 20 % probe from there fails by chance when
- * the two differ by 10 % (1.5 standard errors: 7 % of the time); the
- * search then turned up, the failed step up after it marked a top, and
- * there probes down wait for holds and confirmation: in 70 of 1,000
- * simulated switches the held level reached the cores after 10 s. A 40 %
- * step fails by chance at 14 % (2 standard errors), and then the level
- * between is tried at once: 16 of 1,000. */
+ * window before caught the change half done and shows more throughput
+ * than the old level gives, so against it any step down would look
+ * costly. The next window at the new level is the reference for a probe,
+ * at once: up from the floor, or on down as the second step of a run
+ * (40 %, which noise fails half as often as 20 %: the shed does not know
+ * how far above the knee the old level was). If that window shows the work
+ * still changing, the limit looks again from it (after_shed). */
 static void shed(at_limit_t *c, double share, double x, double conc)
 {
     double floor = shed_floor(c);
@@ -407,15 +390,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     c->baseline_us = w->service_us;
     if (stepped_down && above_shed_floor(c)) {
         /* The window may have measured the level before the step still
-         * draining: a shed from 51 to 13 on 2 cores leaves 51 CGIs burning
-         * for over a second, and the window at 13 after the settling
-         * measured them (1.1 s a request; at 8 next, 0.28 s). Work that
-         * computes runs such a level down to its cores, so the search goes
-         * on down, as after a shed; turning up (8 -> 10 in S4's proxied
-         * switch) failed and held the limit 5 s above the cores. Work that
-         * turned to waiting loses throughput on this step and turns the
-         * search up at once (judge_step). At the cores work that computes
-         * keeps its service time, so a shorter one means lighter work: up. */
+         * draining (requests let in at the old level run on), so lighter
+         * work is not yet proven: on down, as after a shed. Work that turned
+         * to waiting loses throughput on this step and turns the search up
+         * at once (judge_step). At the cores, work that computes keeps its
+         * service time, so a shorter one means lighter work: up. */
         c->run = 1;
         probe(c, -1);
         return;
@@ -459,13 +438,10 @@ static int above_cores(const at_limit_t *c)
 }
 
 /* Whether a probe that passed must pass more windows before the held
- * level moves to it (CONFIRMATIONS): one out of a hold, once the climb has
- * found the knee, unless it is a step up that paid at least KNEE_SHARE (the
- * work changed under the hold, and the climb should not wait); and the
- * level between the climb's last two steps, a step down at the top like
- * any other there. Judged by one window, that level (41 -> 31 on S4's
- * gentle top) passed now and then, and the held level then took 10 - 20 s
- * to walk back up by confirmed steps. */
+ * level moves to it (CONFIRMATIONS): one out of a hold once the climb has
+ * found the knee, where a step's effect is within the windows' spread,
+ * unless it is a step up that paid at least KNEE_SHARE (the work changed
+ * under the hold); and the level between the climb's last two steps. */
 static int needs_confirming(const at_limit_t *c, double x, double conc)
 {
     return (c->from_hold || c->middle) && c->at_top && c->confirming < CONFIRMATIONS
@@ -473,18 +449,9 @@ static int needs_confirming(const at_limit_t *c, double x, double conc)
 }
 
 /* Whether a long step up of the climb (40 or 80 %) that did not pay but
- * gained some throughput is to be judged again by its next window, alone,
+ * gained some throughput is judged again by its next window, alone,
  * before it ends the climb: its first window may see the slow start of the
- * requests it let in at once. On S4's server (2026-11-25) the first window
- * at 41 after 23 failed in 2 of 24 runs, gaining 6 % and -1 %, and in a
- * traced run before them 9.6 % (11.7 % and the noise were needed), where
- * it gained 16 - 44 % in the 22 runs it passed; the traced one measured a
- * service time of 392 ms where the windows at 38 a few seconds later
- * measured 326 - 336 ms (18 CGIs forking together on 2 cores). The climb
- * then ended at 23 and the held level reached 38 - 47 by confirmed 20 %
- * steps 10 - 20 s later. Work that computes gains nothing from a long step
- * above its cores, so about half its such steps get a second window, which
- * must pass alone. */
+ * many requests it let in at once (CGIs forking together). */
 static int worth_a_second_look(const at_limit_t *c, double x)
 {
     return c->dir > 0 && step_was_long(c) && !c->from_hold && !c->second_look
@@ -580,7 +547,8 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
         return;
     }
     new_pool = pool_reference(c, x, conc, w->service_rse);
-    c->baseline_us = c->baseline_us > 0 ? 0.75 * c->baseline_us + 0.25 * service_us
+    c->baseline_us = c->baseline_us > 0 ? (1 - BASELINE_WEIGHT) * c->baseline_us
+                                              + BASELINE_WEIGHT * service_us
                                          : service_us;
     if (c->hold > 0) {
         c->hold--;
@@ -598,8 +566,8 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
 int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
                             double sumsq_us)
 {
-    /* a tenth of the smallest step: 20 % of the limit, or 1 */
-    double tolerance = 0.1 / at_limit_value(c);
+    /* a share of the smallest step: 20 % of the limit, or 1 */
+    double tolerance = SAMPLE_TOLERANCE / at_limit_value(c);
     double mean, var;
 
     if (n >= AT_LIMIT_MIN_SAMPLES) {
@@ -611,8 +579,8 @@ int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
     mean = sum_us / n;
     var = (sumsq_us - sum_us * mean) / (n - 1);
     /* var < 0 only by rounding, when all took the same time */
-    if (tolerance < 0.02) {
-        tolerance = 0.02;
+    if (tolerance < RSE_FLOOR) {
+        tolerance = RSE_FLOOR;
     }
     return var <= 0 || sqrt(var / n) <= tolerance * mean;
 }
