@@ -41,11 +41,15 @@ s4_start() { # zone-arguments
     bench_start s4 "$port" event "$modules" "$(bench_event_conf)
 ScriptAlias /cpu/ \"$PWD/$out/cgi-bin/\"
 ScriptAlias /sleep/ \"$PWD/$out/cgi-bin/\"
+ScriptAlias /io/ \"$PWD/$out/cgi-bin/\"
 <Directory \"$PWD/$out/cgi-bin\">
     Require all granted
 </Directory>
 <Location /sleep/>
     SetEnv BENCH_SLEEP_MS 200
+</Location>
+<Location /io/>
+    SetEnv BENCH_SLEEP_MS 100
 </Location>
 ThrottleZone heavy $1 queue=100 timeout=30s
 ThrottleHandler cgi-script heavy
@@ -71,14 +75,14 @@ s4_sample_limit() { # output seconds
     done > "$1"
 }
 
-# One server with limit=auto, 80 clients: CPU-bound for SWITCH s, then
+# One server with limit=auto (no min or max), 80 clients: CPU-bound for SWITCH s, then
 # sleep-bound, then CPU-bound again; the limit and the held level sampled 4
 # times a second into DIR/switch-limit, and when each phase really started
 # into DIR/switch-t0 (a load run ends only when its last answers are in,
 # which at a low limit is seconds after its time is up).
 s4_switch() { # dir switch-seconds
     local dir=$1 switch=$2 sampler
-    s4_start "limit=auto min=1 max=64"
+    s4_start "limit=auto"
     s4_sample_limit "$dir/switch-limit" $((3 * switch + 15)) &
     sampler=$!
     : > "$dir/switch-t0"

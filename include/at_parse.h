@@ -24,6 +24,8 @@ typedef struct {
     apr_uint32_t per_client;  /* running + waiting per client; 0: no limit */
     int limit_auto;           /* limit=auto: limit is only where it starts */
     apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
+    apr_uint32_t max_from;    /* where limit_max came from: an at_max_from_t */
+    int queue_default;        /* queue= not given: 10 x the (starting) limit */
     apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
     apr_uint32_t cores;       /* online CPUs, for an automatic limit */
     apr_uint64_t read_body;   /* body bytes read before a slot is taken; 0: off */
@@ -58,9 +60,27 @@ typedef struct {
 #define AT_CLIENT_V6_PREFIX_MIN 32
 
 /* limit=auto starts at this many times the online CPUs; its default bounds
- * are 1 and AT_AUTO_MAX_PER_CPU times the online CPUs. */
+ * are 1 and the workers the server can give the zone (at_conf_max_from_workers),
+ * or AT_AUTO_MAX_PER_CPU times the online CPUs where the MPM does not say. */
 #define AT_AUTO_START_PER_CPU 2
 #define AT_AUTO_MAX_PER_CPU 16
+
+/* Where an automatic limit's max came from. */
+typedef enum {
+    AT_MAX_GIVEN = 0,   /* max= */
+    AT_MAX_FROM_CPUS,   /* AT_AUTO_MAX_PER_CPU x the CPUs (until told the workers) */
+    AT_MAX_FROM_WORKERS /* MaxRequestWorkers less what the rest needs */
+} at_max_from_t;
+
+const char *at_max_from_name(apr_uint32_t from);
+
+/* limit=auto without max=: share `workers`, the workers this zone may
+ * have, between its waiters and its max. A default queue keeps at most a
+ * quarter of them (each waiter holds a worker too); max takes the rest,
+ * never below min or reserve + 1, and the limit starts no higher. Leaves a
+ * zone whose max was given alone. */
+#define AT_AUTO_QUEUE_SHARE 4
+void at_conf_max_from_workers(at_zone_conf_t *c, apr_uint32_t workers);
 
 /* The most slots a definition can ever use: its limit, or for limit=auto
  * its max. */

@@ -403,6 +403,7 @@ static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
         if (c->limit_max < c->limit_min) {
             c->limit_max = c->limit_min;
         }
+        c->max_from = AT_MAX_FROM_CPUS;
     }
     if (c->limit_min > c->limit_max) {
         return apr_psprintf(p, "min (%u) is greater than max (%u)", c->limit_min,
@@ -413,6 +414,33 @@ static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
     c->limit = (apr_uint32_t)(start < c->limit_min ? c->limit_min
                               : start > c->limit_max ? c->limit_max : start);
     return NULL;
+}
+
+const char *at_max_from_name(apr_uint32_t from)
+{
+    switch (from) {
+    case AT_MAX_GIVEN: return "max=";
+    case AT_MAX_FROM_CPUS: return "cpus";
+    default: return "workers";
+    }
+}
+
+void at_conf_max_from_workers(at_zone_conf_t *c, apr_uint32_t workers)
+{
+    apr_uint32_t least = c->reserve + 1 > c->limit_min ? c->reserve + 1 : c->limit_min;
+
+    if (!c->limit_auto || c->max_from == AT_MAX_GIVEN) {
+        return;
+    }
+    if (c->queue_default && c->queue > workers / AT_AUTO_QUEUE_SHARE) {
+        c->queue = workers / AT_AUTO_QUEUE_SHARE;
+    }
+    workers -= workers > c->queue ? c->queue : workers;
+    c->limit_max = workers < least ? least : workers > AT_LIMIT_MAX ? AT_LIMIT_MAX : workers;
+    c->max_from = AT_MAX_FROM_WORKERS;
+    if (c->limit > c->limit_max) {
+        c->limit = c->limit_max;
+    }
 }
 
 const char *at_parse_zone_args(apr_pool_t *p, int argc,
@@ -485,6 +513,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     if (!seen[1]) {
         apr_uint64_t q = (apr_uint64_t)c.limit * 10;
         c.queue = (apr_uint32_t)(q > AT_QUEUE_MAX ? AT_QUEUE_MAX : q);
+        c.queue_default = 1;
     }
     *out = c;
     return NULL;

@@ -72,6 +72,8 @@ void at_lb_register_hooks(void);
  * the zones' waiters could take the workers kept for everything else. */
 const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *arg);
 int at_may_wait(at_zone_t *z);
+/* MaxRequestWorkers less ThrottleKeepIdleWorkers; -1 if the MPM does not say. */
+int at_workers_for_zones(void);
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
 void at_workers_register_hooks(void);
 

@@ -42,7 +42,7 @@ typedef struct {
 } field_t;
 
 enum {
-    F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
+    F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_LIMIT_MAX_FROM, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
@@ -63,6 +63,7 @@ static const field_t fields[NFIELDS] = {
     {"Limit", "limit", "limit", NULL, GAUGE, "Requests of the zone allowed to run at once.", ALWAYS},
     {"LimitMin", "limit_min", "limit_min", NULL, GAUGE, "Lowest value the limit may take.", IF_AUTO},
     {"LimitMax", "limit_max", "limit_max", NULL, GAUGE, "Highest value the limit may take.", IF_AUTO},
+    {"LimitMaxFrom", "limit_max_from", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"Active", "active", "active", NULL, GAUGE, "Requests running now, holding a slot.", ALWAYS},
     {"Queued", "queued", "queued", NULL, GAUGE, "Requests waiting for a slot now.", ALWAYS},
     {"QueueCapacity", "queue_capacity", "queue_capacity", NULL, GAUGE, "Requests allowed to wait.", ALWAYS},
@@ -125,6 +126,7 @@ static void fill_values(zone_view_t *z)
     v[F_LIMIT] = s->limit;
     v[F_LIMIT_MIN] = s->limit_min;
     v[F_LIMIT_MAX] = s->limit_max;
+    v[F_LIMIT_MAX_FROM] = s->max_from;
     v[F_LIMIT_AUTO] = s->limit_auto;
     v[F_LIMIT_HELD] = s->limit_held;
     v[F_LIMIT_CHANGES] = (double)s->limit_changes;
@@ -219,12 +221,20 @@ static int field_shown(const zone_view_t *z, int f)
     }
 }
 
-/* A field's value as the text formats show it: numbers, but a word for
- * where the memory reading came from. */
+/* Fields shown as a word: where the memory reading and max came from. */
+static int is_word(int f)
+{
+    return f == F_MEM_SOURCE || f == F_LIMIT_MAX_FROM;
+}
+
+/* A field's value as the text formats show it. */
 static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
 {
     if (f == F_MEM_SOURCE) {
         return at_mem_source_name((at_mem_source_t)z->s.mem_source);
+    }
+    if (f == F_LIMIT_MAX_FROM) {
+        return at_max_from_name(z->s.max_from);
     }
     return num(p, z->v[f]);
 }
@@ -362,8 +372,8 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
             if (f == F_DRY_RUN) {
                 ap_rprintf(r, ",\"dry_run\":%s", z->v[f] ? "true" : "false");
             }
-            else if (f == F_MEM_SOURCE) {
-                ap_rprintf(r, ",\"mem_source\":\"%s\"", value_text(r->pool, z, f));
+            else if (is_word(f)) {
+                ap_rprintf(r, ",\"%s\":\"%s\"", fields[f].json, value_text(r->pool, z, f));
             }
             else {
                 ap_rprintf(r, ",\"%s\":%s", fields[f].json, num(r->pool, z->v[f]));

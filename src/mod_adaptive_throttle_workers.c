@@ -78,6 +78,13 @@ static int keep_idle_workers(void)
     return n < KEEP_IDLE_MIN ? KEEP_IDLE_MIN : n;
 }
 
+int at_workers_for_zones(void)
+{
+    int workers = max_workers();
+
+    return workers > 0 ? workers - keep_idle_workers() : -1;
+}
+
 /* Workers not serving a request: MaxRequestWorkers less those busy in the
  * scoreboard (a worker the MPM has not started yet is as good as idle). */
 static int count_idle_workers(void)

@@ -129,6 +129,46 @@ static void test_auto_limit(void **state)
     assert_int_equal(c.limit, 1);
 }
 
+/* limit=auto without max=: the workers the server leaves the zone, told at
+ * post_config, split between its queue and its max. */
+static void test_auto_max_from_workers(void **state)
+{
+    at_zone_conf_t c;
+    (void)state;
+
+    assert_null(parse_line("limit=auto", &c));
+    assert_int_equal(c.max_from, AT_MAX_FROM_CPUS);
+    at_conf_max_from_workers(&c, 400);
+    assert_int_equal(c.max_from, AT_MAX_FROM_WORKERS);
+    /* a default queue takes at most a quarter; max the rest */
+    assert_true(c.queue <= 100);
+    assert_int_equal(c.limit_max + c.queue, 400);
+    assert_true(c.limit <= c.limit_max);
+    assert_string_equal(at_max_from_name(c.max_from), "workers");
+
+    assert_null(parse_line("limit=auto queue=300", &c)); /* a queue given is kept */
+    at_conf_max_from_workers(&c, 400);
+    assert_int_equal(c.queue, 300);
+    assert_int_equal(c.limit_max, 100);
+
+    assert_null(parse_line("limit=auto min=2 reserve=10", &c)); /* never below */
+    at_conf_max_from_workers(&c, 8);
+    assert_int_equal(c.limit_max, 11);
+    assert_int_equal(c.queue, 2);
+    assert_true(c.limit <= c.limit_max && c.limit >= c.limit_min);
+
+    assert_null(parse_line("limit=auto max=64", &c)); /* given: untouched */
+    at_conf_max_from_workers(&c, 400);
+    assert_int_equal(c.limit_max, 64);
+    assert_int_equal(c.max_from, AT_MAX_GIVEN);
+    assert_string_equal(at_max_from_name(c.max_from), "max=");
+
+    assert_null(parse_line("limit=8", &c)); /* fixed: untouched */
+    at_conf_max_from_workers(&c, 400);
+    assert_int_equal(c.limit, 8);
+    assert_int_equal(c.queue, 80);
+}
+
 static void test_refused(void **state)
 {
     static const struct {
@@ -326,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_auto_limit),
+        cmocka_unit_test(test_auto_max_from_workers),
         cmocka_unit_test(test_mem_sizes),
         cmocka_unit_test(test_zone_names),
         cmocka_unit_test(test_hardening_keys),
