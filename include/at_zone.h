@@ -119,7 +119,6 @@ typedef struct {
     apr_uint32_t clients; /* client addresses with a request in */
     int limit_auto;
     apr_uint32_t limit_min, limit_max; /* = limit for a fixed limit */
-    apr_uint32_t max_from;   /* limit=auto: where max came from (at_max_from_t) */
     apr_uint32_t limit_held; /* limit=auto: the level a probe returns to */
     apr_uint64_t limit_changes;
     double baseline_us, recent_us; /* limit=auto: service time settled, last */

@@ -403,6 +403,11 @@ static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
         if (c->limit_max < c->limit_min) {
             c->limit_max = c->limit_min;
         }
+        /* only a stand-in until post_config: it must not refuse a reserve
+         * that the workers' share will hold */
+        if (c->limit_max <= c->reserve) {
+            c->limit_max = c->reserve + 1;
+        }
         c->max_from = AT_MAX_FROM_CPUS;
     }
     if (c->limit_min > c->limit_max) {

@@ -36,7 +36,7 @@
 
 /* The layout's version: a zone kept across a graceful restart onto a build
  * with another layout is made anew. "ATZ7": priorities, codel, retry. */
-#define ZONE_MAGIC 0x41545a38u
+#define ZONE_MAGIC 0x41545a37u
 #define NONE (-1)
 
 /* W_EVICTED: put out of a full queue by a request of higher priority; the
@@ -78,7 +78,6 @@ struct at_zone {
     apr_int32_t dry_run;
     apr_uint32_t lock_broken; /* the lock failed for good: requests pass untouched */
     apr_uint32_t reserve;
-    apr_uint32_t max_from; /* limit=auto: where its max came from */
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
     pthread_mutex_t lock;
@@ -674,7 +673,6 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->dry_run = c->dry_run;
     z->mem.bytes = c->mem_bytes;
     z->reserve = c->reserve;
-    z->max_from = c->limit_auto ? c->max_from : AT_MAX_GIVEN;
     if (c->codel_target_us && !z->codel.target_us) {
         z->codel.busy_since_us = 0; /* not tracked while off: from now on */
         at_codel_queue_is(&z->codel, z->queued, at_now_us());
@@ -1409,7 +1407,6 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->limit_auto = z->limit_auto;
     o->limit_min = z->limit_auto ? z->ctl.min : z->limit;
     o->limit_max = z->limit_auto ? z->ctl.max : z->limit;
-    o->max_from = z->max_from;
     o->limit_held = z->limit_auto ? at_limit_held(&z->ctl) : z->limit;
     o->limit_changes = z->ctl.changes;
     o->baseline_us = z->ctl.baseline_us;

@@ -434,45 +434,6 @@ static void warn_if_mem_blind(server_rec *s, apr_pool_t *ptemp)
     }
 }
 
-/* limit=auto without max=: the workers left once those kept idle and the
- * other zones' running and waiting requests are counted, shared equally
- * by such zones. Where the MPM does not say, max stays 16 x the CPUs. */
-static void size_auto_zones(server_rec *s)
-{
-    apr_hash_index_t *hi;
-    apr_int64_t left = at_workers_for_zones(), share;
-    apr_uint32_t n = 0;
-
-    for (hi = zone_refs ? apr_hash_first(NULL, zone_refs) : NULL; hi; hi = apr_hash_next(hi)) {
-        const at_zone_conf_t *c = &((zone_ref_t *)apr_hash_this_val(hi))->conf;
-
-        if (c->limit_auto && c->max_from != AT_MAX_GIVEN) {
-            n++;
-        }
-        else {
-            left -= (apr_int64_t)at_conf_highest_limit(c) + c->queue;
-        }
-    }
-    if (!n || at_workers_for_zones() < 0) {
-        return;
-    }
-    share = left > 0 ? left / n : 0;
-    for (hi = apr_hash_first(NULL, zone_refs); hi; hi = apr_hash_next(hi)) {
-        zone_ref_t *ref = apr_hash_this_val(hi);
-
-        if (!ref->conf.limit_auto || ref->conf.max_from == AT_MAX_GIVEN) {
-            continue;
-        }
-        at_conf_max_from_workers(&ref->conf, (apr_uint32_t)share);
-        ap_log_error(APLOG_MARK, ref->conf.limit_max + ref->conf.queue <= share ? APLOG_INFO : APLOG_WARNING, 0, s,
-                     "zone %s: limit=auto may run up to %u, waiting up to %u: the "
-                     "workers left by MaxRequestWorkers, ThrottleKeepIdleWorkers and "
-                     "the other zones (%" APR_INT64_T_FMT ") shared by %u zone(s) "
-                     "without max=", ref->name, ref->conf.limit_max, ref->conf.queue,
-                     left > 0 ? left : 0, n);
-    }
-}
-
 static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                                 apr_pool_t *ptemp, server_rec *s)
 {
@@ -488,7 +449,7 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
         retained = ap_retained_data_create(RETAINED_KEY, sizeof(*retained));
         retained->zones = apr_hash_make(s->process->pool);
     }
-    size_auto_zones(s);
+    at_size_auto_zones(s, ptemp);
     for (hi = zone_refs ? apr_hash_first(ptemp, zone_refs) : NULL; hi;
          hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
@@ -852,19 +813,40 @@ static int sort_by_name(const void *a, const void *b)
     return strcmp((*(zone_ref_t *const *)a)->name, (*(zone_ref_t *const *)b)->name);
 }
 
-apr_array_header_t *at_configured_zones(apr_pool_t *p)
+/* The refs that `keep` says yes to, sorted by name. */
+static apr_array_header_t *zones_where(apr_pool_t *p, int (*keep)(const zone_ref_t *))
 {
     apr_array_header_t *refs = apr_array_make(p, 8, sizeof(zone_ref_t *));
     apr_hash_index_t *hi;
 
     for (hi = zone_refs ? apr_hash_first(p, zone_refs) : NULL; hi; hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
-        if (ref->zone) {
+        if (keep(ref)) {
             *(zone_ref_t **)apr_array_push(refs) = ref;
         }
     }
     qsort(refs->elts, (size_t)refs->nelts, sizeof(zone_ref_t *), sort_by_name);
     return refs;
+}
+
+static int has_zone(const zone_ref_t *ref)
+{
+    return ref->zone != NULL;
+}
+
+static int is_defined(const zone_ref_t *ref)
+{
+    return ref->defined_at != NULL;
+}
+
+apr_array_header_t *at_configured_zones(apr_pool_t *p)
+{
+    return zones_where(p, has_zone);
+}
+
+apr_array_header_t *at_defined_zones(apr_pool_t *p)
+{
+    return zones_where(p, is_defined);
 }
 
 /* ---- registration ----------------------------------------------------------- */

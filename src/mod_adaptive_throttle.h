@@ -36,8 +36,10 @@ zone_ref_t *at_zone_ref_for(cmd_parms *cmd, const char *name);
 /* "file:line" of the directive being read, for error messages. */
 const char *at_cmd_where(cmd_parms *cmd);
 
-/* The zones of the running configuration, sorted by name. */
+/* The zones of the running configuration, sorted by name; and, before
+ * post_config has made their shared zones, the zones defined. */
 apr_array_header_t *at_configured_zones(apr_pool_t *p);
+apr_array_header_t *at_defined_zones(apr_pool_t *p);
 
 /* Child lifetimes (mod_adaptive_throttle_life.c). */
 #include "at_life.h"
@@ -72,8 +74,9 @@ void at_lb_register_hooks(void);
  * the zones' waiters could take the workers kept for everything else. */
 const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *arg);
 int at_may_wait(at_zone_t *z);
-/* MaxRequestWorkers less ThrottleKeepIdleWorkers; -1 if the MPM does not say. */
-int at_workers_for_zones(void);
+/* limit=auto zones without max=: max from the workers left (post_config,
+ * before the zones are made). */
+void at_size_auto_zones(server_rec *s, apr_pool_t *p);
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
 void at_workers_register_hooks(void);
 

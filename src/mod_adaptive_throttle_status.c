@@ -109,6 +109,7 @@ static const field_t fields[NFIELDS] = {
 
 typedef struct {
     const char *name;
+    apr_uint32_t max_from; /* the definition's: where max came from */
     at_zone_stats_t s;
     double v[NFIELDS];
 } zone_view_t;
@@ -126,7 +127,7 @@ static void fill_values(zone_view_t *z)
     v[F_LIMIT] = s->limit;
     v[F_LIMIT_MIN] = s->limit_min;
     v[F_LIMIT_MAX] = s->limit_max;
-    v[F_LIMIT_MAX_FROM] = s->max_from;
+    v[F_LIMIT_MAX_FROM] = z->max_from;
     v[F_LIMIT_AUTO] = s->limit_auto;
     v[F_LIMIT_HELD] = s->limit_held;
     v[F_LIMIT_CHANGES] = (double)s->limit_changes;
@@ -180,6 +181,7 @@ static apr_array_header_t *zone_views(apr_pool_t *p)
         zone_view_t *z = apr_array_push(views);
 
         z->name = ref->name;
+        z->max_from = ref->conf.max_from;
         at_zone_stats(ref->zone, &z->s);
         fill_values(z);
     }
@@ -234,7 +236,7 @@ static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
         return at_mem_source_name((at_mem_source_t)z->s.mem_source);
     }
     if (f == F_LIMIT_MAX_FROM) {
-        return at_max_from_name(z->s.max_from);
+        return at_max_from_name(z->max_from);
     }
     return num(p, z->v[f]);
 }

@@ -78,12 +78,6 @@ static int keep_idle_workers(void)
     return n < KEEP_IDLE_MIN ? KEEP_IDLE_MIN : n;
 }
 
-int at_workers_for_zones(void)
-{
-    int workers = max_workers();
-
-    return workers > 0 ? workers - keep_idle_workers() : -1;
-}
 
 /* Workers not serving a request: MaxRequestWorkers less those busy in the
  * scoreboard (a worker the MPM has not started yet is as good as idle). */
@@ -130,6 +124,53 @@ int at_may_wait(at_zone_t *z)
     return idle_seen >= keep;
 }
 
+/* The workers a zone can hold at once: its running and waiting requests. */
+static apr_uint64_t workers_held(const at_zone_conf_t *c)
+{
+    return (apr_uint64_t)at_conf_highest_limit(c) + c->queue;
+}
+
+static int sized_from_workers(const at_zone_conf_t *c)
+{
+    return c->limit_auto && c->max_from != AT_MAX_GIVEN;
+}
+
+/* limit=auto without max=: the workers left once those kept idle and the
+ * other zones' running and waiting requests are counted, shared equally
+ * by such zones. Where the MPM does not say, max stays 16 x the CPUs. */
+void at_size_auto_zones(server_rec *s, apr_pool_t *p)
+{
+    apr_array_header_t *zones = at_defined_zones(p);
+    apr_int64_t left = max_workers() - keep_idle_workers(), share;
+    apr_uint32_t n = 0;
+    int i;
+
+    for (i = 0; i < zones->nelts; i++) {
+        const at_zone_conf_t *c = &APR_ARRAY_IDX(zones, i, zone_ref_t *)->conf;
+
+        n += sized_from_workers(c);
+        left -= sized_from_workers(c) ? 0 : (apr_int64_t)workers_held(c);
+    }
+    if (!n || max_workers() <= 0) {
+        return;
+    }
+    share = left > 0 ? left / n : 0;
+    for (i = 0; i < zones->nelts; i++) {
+        zone_ref_t *ref = APR_ARRAY_IDX(zones, i, zone_ref_t *);
+
+        if (!sized_from_workers(&ref->conf)) {
+            continue;
+        }
+        at_conf_max_from_workers(&ref->conf, (apr_uint32_t)share);
+        ap_log_error(APLOG_MARK,
+                     workers_held(&ref->conf) <= (apr_uint64_t)share ? APLOG_INFO : APLOG_WARNING,
+                     0, s, "zone %s: limit=auto may run up to %u, waiting up to %u: the "
+                     "workers left by MaxRequestWorkers, ThrottleKeepIdleWorkers and the "
+                     "other zones (%" APR_INT64_T_FMT ") shared by %u zone(s) without max=",
+                     ref->name, ref->conf.limit_max, ref->conf.queue, left > 0 ? left : 0, n);
+    }
+}
+
 /* At startup: the zones' running and waiting requests together against the
  * workers left once N are kept idle. */
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p)
@@ -146,7 +187,7 @@ void at_warn_if_workers_short(server_rec *s, apr_pool_t *p)
         const zone_ref_t *ref = APR_ARRAY_IDX(zones, i, zone_ref_t *);
         apr_uint32_t n = at_conf_highest_limit(&ref->conf);
 
-        need += (apr_uint64_t)n + ref->conf.queue;
+        need += workers_held(&ref->conf);
         list = apr_psprintf(p, "%s%s%s %u+%u", list, *list ? ", " : "", ref->name, n,
                             ref->conf.queue);
     }

@@ -134,14 +134,16 @@ static void test_auto_limit(void **state)
 static void test_auto_max_from_workers(void **state)
 {
     at_zone_conf_t c;
+    apr_uint32_t start;
     (void)state;
 
     assert_null(parse_line("limit=auto", &c));
     assert_int_equal(c.max_from, AT_MAX_FROM_CPUS);
+    start = c.limit;
     at_conf_max_from_workers(&c, 400);
     assert_int_equal(c.max_from, AT_MAX_FROM_WORKERS);
-    /* a default queue takes at most a quarter; max the rest */
-    assert_true(c.queue <= 100);
+    /* a default queue: 10 x the start, at most a quarter; max the rest */
+    assert_int_equal(c.queue, 10 * start < 100 ? 10 * start : 100);
     assert_int_equal(c.limit_max + c.queue, 400);
     assert_true(c.limit <= c.limit_max);
     assert_string_equal(at_max_from_name(c.max_from), "workers");
@@ -156,6 +158,11 @@ static void test_auto_max_from_workers(void **state)
     assert_int_equal(c.limit_max, 11);
     assert_int_equal(c.queue, 2);
     assert_true(c.limit <= c.limit_max && c.limit >= c.limit_min);
+
+    /* a reserve beyond 16 x the CPUs is not refused before the share is known */
+    assert_null(parse_line("limit=auto reserve=5000", &c));
+    at_conf_max_from_workers(&c, 400);
+    assert_int_equal(c.limit_max, 5001);
 
     assert_null(parse_line("limit=auto max=64", &c)); /* given: untouched */
     at_conf_max_from_workers(&c, 400);
