@@ -49,27 +49,34 @@ my @tail = @cpu[-32 .. -1];
 my $m = mean(@tail);
 print STDERR sprintf("# auto.t: CPU-burning CGI on %d CPUs: limit %s; mean of the last 8 s %.2f\n",
                      $cpus, join(' ', @cpu), $m);
-# CPU-bound work must not be taken for work that waits: the limit does not
-# climb past its start of 2 x the CPUs. Coming down from there to the CPUs
-# within the run is what the controller usually does, not what it always
-# does in a real server (docs/adaptive-limit.md, "Limits").
+# CPU-bound work must not be taken for work that waits, which climbs to
+# max within seconds (below): the limit stays in the lower half between its
+# start of 2 x the CPUs and max=16. Where exactly depends on what else the
+# machine runs: on a busy one noise can hold it a probe or two above the
+# CPUs (docs/adaptive-limit.md, "Limits").
 my $start = $cpus * 2 > 16 ? 16 : $cpus * 2;
-ok t_cmp($m >= 1 && $m <= $start + 0.25, 1,
-         sprintf('CPU-bound: the limit stays at or below its start of %d (mean %.2f)', $start, $m));
+my $half = ($start + 16) / 2;
+ok t_cmp($m >= 1 && ($m < $half || $start == 16), 1,
+         sprintf('CPU-bound: the limit stays below %.1f, half way from its start of %d to max (mean %.2f)',
+                 $half, $start, $m));
 ok t_cmp(status_auto()->{'Throttle.autocpu.LimitChanges'} >= 1, 1, 'the limit moved');
 # LimitHeld is the level a probe goes back to: the limit runs at it except
-# for a probe's window a step away, so most samples match it, and it moves
-# less often than the limit, which leaves it and comes back for each probe
-# (an echo of Limit would move as often).
-my @held_tail = @held[-32 .. -1];
-my $same = grep { defined $held_tail[$_] && $held_tail[$_] == $tail[$_] } 0 .. $#tail;
+# while a step away is under test, so over the run most samples match it,
+# none is more than a step (80 %, or 1, and the rounding of both) from it, and it moves no more often
+# than the limit, which leaves it and comes back for each probe. Only
+# whole-run figures: while the limit walks down, each step's window is
+# spent a step below the held level, and on a busy machine that can be
+# most of the last seconds.
+my $same = grep { defined $held[$_] && $held[$_] == $cpu[$_] } 0 .. $#cpu;
+my $far = grep { !defined $held[$_] || abs($cpu[$_] - $held[$_]) > ($held[$_] * 0.8 < 1 ? 1 : $held[$_] * 0.8) + 1 }
+          0 .. $#cpu;
 sub moves { scalar grep { $_[$_] != $_[$_ - 1] } 1 .. $#_ }
-my ($lm, $hm) = (moves(@tail), moves(grep { defined } @held_tail));
-print STDERR "# auto.t: held levels @held_tail; moves: limit $lm, held $hm\n";
-ok t_cmp($same >= @tail / 2 && ($hm < $lm || $lm == 0)
-         && !grep({ !defined || $_ < 1 || $_ > 16 } @held_tail), 1,
-         "the held level is where the limit runs ($same of " . @tail . ' samples),'
-         . " moves less ($hm against $lm), within min and max");
+my ($lm, $hm) = (moves(@cpu), moves(grep { defined } @held));
+print STDERR "# auto.t: held levels @held; moves: limit $lm, held $hm\n";
+ok t_cmp($same >= @cpu / 2 && !$far && $hm <= $lm
+         && !grep({ !defined || $_ < 1 || $_ > 16 } @held), 1,
+         "the held level is where the limit runs ($same of " . @cpu . ' samples),'
+         . " a step from it at most ($far further), moves no more ($hm against $lm), within min and max");
 
 # Long sleeps, so that starting perl (CPU) is a small part of each request.
 my @wait = limit_under_load('autowait', '/autowait/probe.cgi?tag=autowait&sleep=400', 24, 20);
