@@ -35,32 +35,42 @@ typedef struct {
     double secs;            /* length of the window */
 } at_window_t;
 
+/* What the controller is doing. Each window moves it from one mode to
+ * the next by a row of the table in docs/adaptive-limit.md ("The modes");
+ * at_limit_update()'s switch follows that table. */
+typedef enum {
+    AT_MODE_HOLD,    /* at the held level, pooling its reference; a probe
+                         once `hold` windows have passed */
+    AT_MODE_SHED,    /* just shed for heavier work: the next window is
+                         compared with the one that showed it */
+    AT_MODE_STEP,    /* a step of a run (a climb, or a walk down) under test */
+    AT_MODE_PROBE,   /* a probe out of a hold under test */
+    AT_MODE_BETWEEN, /* the level between the climb's last two under test */
+    AT_MODE_RECHECK  /* a long step up judged again by its next window */
+} at_limit_mode_t;
+
 typedef struct {
     double limit;          /* the current value; the zone runs round(limit) */
     apr_uint32_t min, max;
     apr_uint32_t cores;    /* CPUs the work can use; 0: not known */
-    int dir;               /* direction of the step under test: +1, -1, 0 */
+    at_limit_mode_t mode;
+    int top;               /* the climb found the knee: steps up stopped
+                              paying (longer windows, probes confirmed) */
+    int dir;               /* direction of the step under test: +1, -1;
+                              0 in HOLD and SHED */
     apr_uint32_t run;      /* steps taken in that direction in a row */
-    apr_uint32_t hold;     /* windows left before the next probe */
-    int next_probe;        /* direction of the next probe */
-    double settled;        /* the level to go back to after a failed probe */
+    apr_uint32_t passes;   /* PROBE, BETWEEN: windows passed beyond the first */
+    apr_uint32_t hold;     /* HOLD: windows left before the probe */
+    int next_probe;        /* HOLD: the probe's direction */
+    double settled;        /* the held level: where a step that fails returns */
     double last_x, last_c; /* throughput and concurrency a step is judged
-                              against: the windows pooled at the settled
-                              level, or the window before in a run of steps */
-    apr_uint32_t ref_n;    /* windows in last_x, last_c; 0 with last_x set:
-                              the window that made the limit shed, kept to
-                              compare the next one with, no reference */
-    double baseline_us;    /* service time at the settled level */
+                              against: the windows pooled at the held level,
+                              or the window before in a run of steps; in
+                              SHED, the window that showed the change */
+    apr_uint32_t ref_n;    /* windows in last_x, last_c (0: none yet) */
+    double baseline_us;    /* service time at the held level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */
-    int from_hold;         /* the step under test is a probe out of a hold */
-    int at_top;            /* the climb found the knee: steps up stopped paying */
-    int confirming;        /* windows the probe passed beyond its first */
-    int middle;            /* the step under test is the level between the
-                              climb's long step past the knee and the one
-                              below */
-    int second_look;       /* the climb's long step under test fell a little
-                              short in its first window */
 } at_limit_t;
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,

@@ -94,6 +94,7 @@ void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
     c->max = max < c->min ? c->min : max;
     c->limit = clamp(c, start);
     c->settled = c->limit;
+    c->mode = AT_MODE_HOLD;
     c->next_probe = +1;
 }
 
@@ -116,7 +117,7 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
  * the variance that would hide a step's few per cent (TOP_WINDOWS). */
 apr_uint32_t at_limit_window_services(const at_limit_t *c)
 {
-    return c->at_top ? TOP_WINDOWS * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
+    return c->top ? TOP_WINDOWS * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
 }
 
 /* What the climb found no longer holds (the work changed, or demand fell
@@ -124,11 +125,8 @@ apr_uint32_t at_limit_window_services(const at_limit_t *c)
  * unconfirmed steps. */
 static void forget_the_top(at_limit_t *c)
 {
-    c->at_top = 0;
-    c->from_hold = 0;
-    c->confirming = 0;
-    c->middle = 0;
-    c->second_look = 0;
+    c->top = 0;
+    c->passes = 0;
 }
 
 static void step_by(at_limit_t *c, int dir, double frac)
@@ -176,6 +174,7 @@ static int settle(at_limit_t *c)
 
     c->next_probe = overshot ? c->dir : c->dir ? -c->dir : -c->next_probe;
     c->limit = c->settled;
+    c->mode = AT_MODE_HOLD;
     c->dir = 0;
     c->run = 0;
     c->hold = overshot ? 0 : below_cores ? CORES_HOLD : AT_LIMIT_HOLD;
@@ -185,9 +184,10 @@ static int settle(at_limit_t *c)
 /* Down, the level between is their geometric middle, tried at once against
  * the last good level's reference: one step instead of a walk of small
  * ones. Not up: a second probe up is a second chance for noise to look
- * like a gain. Also used below a long step up that reached the knee.
- * Returns whether there is a level between the settled one and `other`. */
-static int probe_between(at_limit_t *c, double other)
+ * like a gain. Also used below a long step up that reached the knee
+ * (mode BETWEEN). Returns whether there is a level between the settled one
+ * and `other`. */
+static int probe_between(at_limit_t *c, double other, at_limit_mode_t mode)
 {
     double mid = sqrt(c->settled * other);
     double m = rounded(mid);
@@ -195,6 +195,7 @@ static int probe_between(at_limit_t *c, double other)
     if (other > c->settled || m == rounded(c->settled) || m == rounded(other)) {
         return 0;
     }
+    c->mode = mode;
     c->dir = -1;
     c->limit = mid;
     c->run = 0;
@@ -336,7 +337,7 @@ static int above_shed_floor(const at_limit_t *c)
  * at once: up from the floor, or on down as the second step of a run
  * (40 %, which noise fails half as often as 20 %: the shed does not know
  * how far above the knee the old level was). If that window shows the work
- * still changing, the limit looks again from it (after_shed). */
+ * still changing, the limit looks again from it (shed_window). */
 static void shed(at_limit_t *c, double share, double x, double conc)
 {
     double floor = shed_floor(c);
@@ -348,23 +349,17 @@ static void shed(at_limit_t *c, double share, double x, double conc)
     }
     above = above_shed_floor(c);
     c->settled = c->limit;
+    c->mode = AT_MODE_SHED;
     c->dir = 0;
     /* at the floor the probe goes up, and the shed was no step of its run */
     c->run = above ? 1 : 0;
     /* The window that showed the change, kept only to be compared with the
-     * next one (after_shed): no reference. */
+     * next one (shed_window): no reference. */
     c->last_x = x;
     c->last_c = conc;
     c->ref_n = 0;
     c->baseline_us = 0;
     c->next_probe = above ? -1 : +1;
-}
-
-/* Whether the last window was the one that showed the work changing and
- * made the limit shed: shed() keeps it without making it a reference. */
-static int after_shed(const at_limit_t *c)
-{
-    return c->ref_n == 0 && c->last_x > 0;
 }
 
 /* The work changed (a handler turned from waiting to computing, or
@@ -376,7 +371,7 @@ static int after_shed(const at_limit_t *c)
 static void look_again(at_limit_t *c, double before_us, const at_window_t *w, double x,
                        double conc)
 {
-    int stepped_down = c->dir < 0 || after_shed(c);
+    int stepped_down = c->dir < 0 || c->mode == AT_MODE_SHED;
 
     c->hold = 0;
     c->run = 0;
@@ -397,9 +392,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
          * service time, so a shorter one means lighter work: up. */
         c->run = 1;
         probe(c, -1);
-        return;
     }
-    probe(c, +1);
+    else {
+        probe(c, +1);
+    }
+    c->mode = AT_MODE_STEP;
 }
 
 /* Whether the work changed since the window in last_x (the one before a
@@ -444,7 +441,8 @@ static int above_cores(const at_limit_t *c)
  * under the hold); and the level between the climb's last two steps. */
 static int needs_confirming(const at_limit_t *c, double x, double conc)
 {
-    return (c->from_hold || c->middle) && c->at_top && c->confirming < CONFIRMATIONS
+    return (c->mode == AT_MODE_PROBE || c->mode == AT_MODE_BETWEEN) && c->top
+           && c->passes < CONFIRMATIONS
            && (c->dir < 0 ? above_cores(c) : near_knee(c, x, conc));
 }
 
@@ -454,8 +452,7 @@ static int needs_confirming(const at_limit_t *c, double x, double conc)
  * many requests it let in at once (CGIs forking together). */
 static int worth_a_second_look(const at_limit_t *c, double x)
 {
-    return c->dir > 0 && step_was_long(c) && !c->from_hold && !c->second_look
-           && x > c->last_x;
+    return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
@@ -472,18 +469,15 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     waiting = looks_waiting(c, x, conc);
     if (paid == 1 && needs_confirming(c, x, conc)) {
         /* Same level, same reference: the next window judges it again. */
-        c->confirming++;
+        c->passes++;
         return;
     }
     if (paid == 0 && worth_a_second_look(c, x)) {
         /* Same level, same reference: the next window judges it alone. */
-        c->second_look = 1;
+        c->mode = AT_MODE_RECHECK;
         return;
     }
-    c->second_look = 0;
-    c->confirming = 0;
-    c->from_hold = 0;
-    c->middle = 0;
+    c->passes = 0;
     if (paid == 1) {
         double below = c->last_c;
         int knee = near_knee(c, x, conc), long_step = step_was_long(c);
@@ -494,10 +488,9 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->settled = c->limit;
         c->baseline_us = w->service_us;
         reference_is(c, x, conc);
-        c->at_top |= knee;
-        if (knee && long_step && probe_between(c, below)) {
-            /* a step down at the top like a probe out of a hold there */
-            c->middle = 1;
+        c->top |= knee;
+        if (knee && long_step && probe_between(c, below, AT_MODE_BETWEEN)) {
+            /* a step down at the top, confirmed like a probe there */
             return;
         }
         if (knee) {
@@ -505,11 +498,12 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
             c->run = 0;
         }
         take_step(c, c->dir);
+        c->mode = AT_MODE_STEP;
         return;
     }
     /* Back to the settled level, whose reference still holds. */
     failed = c->limit;
-    c->at_top |= paid == 0 && c->dir > 0;
+    c->top |= paid == 0 && c->dir > 0;
     overshot = settle(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
         /* Throughput fell with concurrency and the work waits rather than
@@ -523,25 +517,17 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->next_probe = +1;
     }
     else if (overshot) {
-        probe_between(c, failed);
+        probe_between(c, failed, AT_MODE_STEP);
     }
 }
 
-static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_t *w)
+/* HOLD: a window at the held level joins its reference; once the hold
+ * has run out, a probe. */
+static void hold_window(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     double service_us = w->service_us;
     int new_pool;
 
-    if (after_shed(c) && look_again_if_changed(c, w, x, conc)) {
-        /* The window that showed the change caught it early, and the work
-         * went on changing after it: a reference taken now, while it still
-         * grows heavier, would make every step down look as if it cost
-         * throughput. So the limit sheds by what the growth since calls
-         * for; if the work turned lighter, the window that made it shed
-         * may have measured the level before still draining, and the
-         * search goes on down unless at the cores (above_shed_floor). */
-        return;
-    }
     if (service_changed(c->baseline_us, service_us)) {
         look_again(c, c->baseline_us, w, x, conc);
         return;
@@ -560,7 +546,24 @@ static void hold_or_probe(at_limit_t *c, double x, double conc, const at_window_
         return;
     }
     probe(c, c->next_probe);
-    c->from_hold = 1;
+    c->mode = AT_MODE_PROBE;
+}
+
+/* SHED: the window after a shed. If the work went on changing since the
+ * window that made the limit shed, which caught it early, a reference
+ * taken now, while it still grows heavier, would make every step down look
+ * as if it cost throughput: the limit sheds by what the growth since calls
+ * for; if the work turned lighter, the window that made it shed may have
+ * measured the level before still draining, and the search goes on down
+ * unless at the cores (above_shed_floor). Otherwise this window is the
+ * reference for a probe at once (shed() chose its way). */
+static void shed_window(at_limit_t *c, double x, double conc, const at_window_t *w)
+{
+    if (look_again_if_changed(c, w, x, conc)) {
+        return;
+    }
+    c->mode = AT_MODE_HOLD;
+    hold_window(c, x, conc, w);
 }
 
 int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
@@ -604,16 +607,28 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
          * good enough, and the window says nothing about another one. The
          * limit never grows here, however fast requests are served. */
         c->settled = c->limit;
+        c->mode = AT_MODE_HOLD;
         c->dir = 0;
         c->run = 0;
         c->last_x = 0;
+        c->ref_n = 0;
         forget_the_top(c);
     }
-    else if (c->dir && c->last_x > 0) {
-        judge_step(c, x, conc, w);
-    }
     else {
-        hold_or_probe(c, x, conc, w);
+        switch (c->mode) {
+        case AT_MODE_HOLD:
+            hold_window(c, x, conc, w);
+            break;
+        case AT_MODE_SHED:
+            shed_window(c, x, conc, w);
+            break;
+        case AT_MODE_STEP:
+        case AT_MODE_PROBE:
+        case AT_MODE_BETWEEN:
+        case AT_MODE_RECHECK:
+            judge_step(c, x, conc, w);
+            break;
+        }
     }
     if (at_limit_value(c) != before) {
         c->changes++;
