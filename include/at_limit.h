@@ -95,6 +95,10 @@ apr_uint32_t at_limit_value(const at_limit_t *c);
  * round(settled), within [min, max]. Between probes, the limit itself. */
 apr_uint32_t at_limit_held(const at_limit_t *c);
 
+/* The mode's name as the status page shows it: hold, shed, step, probe,
+ * between, recheck. */
+const char *at_limit_mode_name(apr_uint32_t mode);
+
 /* How many service times a window should last: more once the climb has
  * found the knee, where steps change throughput by a few per cent. */
 apr_uint32_t at_limit_window_services(const at_limit_t *c);

@@ -120,6 +120,7 @@ typedef struct {
     int limit_auto;
     apr_uint32_t limit_min, limit_max; /* = limit for a fixed limit */
     apr_uint32_t limit_held; /* limit=auto: the level a probe returns to */
+    apr_uint32_t limit_mode; /* limit=auto: the controller's at_limit_mode_t */
     apr_uint64_t limit_changes;
     double baseline_us, recent_us; /* limit=auto: service time settled, last */
     at_hist_t wait_all, service_all;       /* since the zone was created */

@@ -113,6 +113,13 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
     return (apr_uint32_t)rounded(clamp(c, c->settled));
 }
 
+const char *at_limit_mode_name(apr_uint32_t mode)
+{
+    static const char *const names[] = {"hold", "shed", "step", "probe", "between", "recheck"};
+
+    return mode < sizeof(names) / sizeof(names[0]) ? names[mode] : "unknown";
+}
+
 /* Short windows tell a climb's steps apart; at the top, longer ones halve
  * the variance that would hide a step's few per cent (TOP_WINDOWS). */
 apr_uint32_t at_limit_window_services(const at_limit_t *c)

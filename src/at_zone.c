@@ -1408,6 +1408,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->limit_min = z->limit_auto ? z->ctl.min : z->limit;
     o->limit_max = z->limit_auto ? z->ctl.max : z->limit;
     o->limit_held = z->limit_auto ? at_limit_held(&z->ctl) : z->limit;
+    o->limit_mode = z->ctl.mode;
     o->limit_changes = z->ctl.changes;
     o->baseline_us = z->ctl.baseline_us;
     o->recent_us = z->ctl.recent_us;

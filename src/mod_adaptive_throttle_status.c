@@ -19,6 +19,7 @@
 
 #include "at_hist.h"
 #include "at_life.h"
+#include "at_limit.h"
 #include "at_mem.h"
 #include "at_owner.h"
 #include "at_zone.h"
@@ -46,7 +47,7 @@ enum {
     F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
-    F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
+    F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_MODE, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
     F_PER_CLIENT, F_CLIENTS, F_RESERVE,
     F_CODEL_TARGET, F_CODEL_INTERVAL, F_QUEUE_STANDING, F_QUEUE_STANDING_MS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
@@ -85,6 +86,7 @@ static const field_t fields[NFIELDS] = {
     {"ServiceSamples", "service_samples", NULL, NULL, GAUGE, NULL, ALWAYS},
     {"LimitAuto", "limit_auto", "limit_auto", NULL, GAUGE, "1 if the limit adapts (limit=auto).", IF_AUTO},
     {"LimitHeld", "limit_held", "limit_held", NULL, GAUGE, "limit=auto: the level the limit goes back to after a probe.", IF_AUTO},
+    {"LimitMode", "limit_mode", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"LimitChanges", "limit_changes", "limit_changes_total", NULL, COUNTER, "Times limit=auto changed the limit.", IF_AUTO},
     {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
@@ -130,6 +132,7 @@ static void fill_values(zone_view_t *z)
     v[F_LIMIT_MAX_FROM] = z->max_from;
     v[F_LIMIT_AUTO] = s->limit_auto;
     v[F_LIMIT_HELD] = s->limit_held;
+    v[F_LIMIT_MODE] = s->limit_mode;
     v[F_LIMIT_CHANGES] = (double)s->limit_changes;
     v[F_BASELINE] = s->baseline_us / 1000.0;
     v[F_RECENT_SERVICE] = s->recent_us / 1000.0;
@@ -223,10 +226,11 @@ static int field_shown(const zone_view_t *z, int f)
     }
 }
 
-/* Fields shown as a word: where the memory reading and max came from. */
+/* Fields shown as a word: where the memory reading and max came from,
+ * what the controller is doing. */
 static int is_word(int f)
 {
-    return f == F_MEM_SOURCE || f == F_LIMIT_MAX_FROM;
+    return f == F_MEM_SOURCE || f == F_LIMIT_MAX_FROM || f == F_LIMIT_MODE;
 }
 
 /* A field's value as the text formats show it. */
@@ -237,6 +241,9 @@ static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
     }
     if (f == F_LIMIT_MAX_FROM) {
         return at_max_from_name(z->max_from);
+    }
+    if (f == F_LIMIT_MODE) {
+        return at_limit_mode_name(z->s.limit_mode);
     }
     return num(p, z->v[f]);
 }

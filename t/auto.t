@@ -9,14 +9,14 @@ use lib 't/lib';
 use ThrottleT;
 use Time::HiRes qw(time sleep);
 
-plan tests => 9, need_cgi;
+plan tests => 10, need_cgi;
 
 my $cpus = do { my $n = `getconf _NPROCESSORS_ONLN`; chomp $n; $n || 1 };
 
 # Runs $clients clients on $path for $secs seconds while sampling the zone's
 # limit four times a second; returns the samples, and leaves the level the
-# controller held at each in @held.
-our @held;
+# controller held at each in @held, its mode in @modes.
+our (@held, @modes);
 sub limit_under_load {
     my ($zone, $path, $clients, $secs) = @_;
     my $pid = fork // die;
@@ -27,11 +27,12 @@ sub limit_under_load {
     }
     my @samples;
     my $end = time + $secs;
-    @held = ();
+    @held = @modes = ();
     while (time < $end) {
         my $s = status_auto();
         push @samples, $s->{"Throttle.$zone.Limit"};
         push @held, $s->{"Throttle.$zone.LimitHeld"};
+        push @modes, $s->{"Throttle.$zone.LimitMode"};
         sleep 0.25;
     }
     waitpid($pid, 0);
@@ -45,6 +46,7 @@ ok t_cmp($s->{'Throttle.autocpu.LimitAuto'} . ' ' . $s->{'Throttle.autocpu.Limit
          '1 ' . ($cpus * 2 > 16 ? 16 : $cpus * 2), 'limit=auto starts at twice the CPUs');
 
 my @cpu = limit_under_load('autocpu', '/autocpu/burn.cgi?ms=50', 10, 22);
+my @cpu_modes = @modes;
 my @tail = @cpu[-32 .. -1];
 my $m = mean(@tail);
 print STDERR sprintf("# auto.t: CPU-burning CGI on %d CPUs: limit %s; mean of the last 8 s %.2f\n",
@@ -77,6 +79,15 @@ ok t_cmp($same >= @cpu / 2 && !$far && $hm <= $lm
          && !grep({ !defined || $_ < 1 || $_ > 16 } @held), 1,
          "the held level is where the limit runs ($same of " . @cpu . ' samples),'
          . " a step from it at most ($far further), moves no more ($hm against $lm), within min and max");
+
+# LimitMode says what the controller does: one of its six modes in every
+# sample; over 22 s under load it holds a level and tries others.
+my %seen;
+$seen{$_ // 'none'}++ for @cpu_modes;
+print STDERR "# auto.t: modes seen: ", join(' ', map { "$_ $seen{$_}" } sort keys %seen), "\n";
+ok t_cmp(!grep({ !/^(?:hold|shed|step|probe|between|recheck)$/ } map { $_ // 'none' } @cpu_modes)
+         && $seen{hold} && grep({ $seen{$_} } qw(step probe between recheck shed)) ? 1 : 0, 1,
+         'LimitMode is a mode in every sample; both holding and stepping were seen');
 
 # Long sleeps, so that starting perl (CPU) is a small part of each request.
 my @wait = limit_under_load('autowait', '/autowait/probe.cgi?tag=autowait&sleep=400', 24, 20);
