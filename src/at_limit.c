@@ -115,7 +115,8 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
 
 const char *at_limit_mode_name(apr_uint32_t mode)
 {
-    static const char *const names[] = {"hold", "shed", "step", "probe", "between", "recheck"};
+    static const char *const names[] = {"hold",  "shed",    "step",
+                                        "probe", "between", "recheck"};
 
     return mode < sizeof(names) / sizeof(names[0]) ? names[mode] : "unknown";
 }
@@ -384,9 +385,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     c->run = 0;
     forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
+        /* row 15 */
         shed(c, share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
         return;
     }
+    /* row 16 */
     reference_is(c, x, conc);
     c->settled = c->limit;
     c->baseline_us = w->service_us;
@@ -462,25 +465,29 @@ static int worth_a_second_look(const at_limit_t *c, double x)
     return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
+/* STEP, PROBE, BETWEEN, RECHECK: the window judges the step under test.
+ * The comments' row numbers are those of docs/adaptive-limit.md's table. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     int paid, waiting, overshot, was_down = c->dir < 0;
     double failed;
 
     if (look_again_if_changed(c, w, x, conc)) {
-        /* The window before the step measured other work: it cannot judge
-         * the step. */
+        /* Row 7. The window before the step measured other work: it
+         * cannot judge the step. */
         return;
     }
     paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
     if (paid == 1 && needs_confirming(c, x, conc)) {
-        /* Same level, same reference: the next window judges it again. */
+        /* Row 8. Same level, same reference: the next window judges it
+         * again. */
         c->passes++;
         return;
     }
     if (paid == 0 && worth_a_second_look(c, x)) {
-        /* Same level, same reference: the next window judges it alone. */
+        /* Row 9. Same level, same reference: the next window judges it
+         * alone. */
         c->mode = AT_MODE_RECHECK;
         return;
     }
@@ -497,23 +504,23 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         reference_is(c, x, conc);
         c->top |= knee;
         if (knee && long_step && probe_between(c, below, AT_MODE_BETWEEN)) {
-            /* a step down at the top, confirmed like a probe there */
+            /* Row 10: a step down at the top, confirmed like a probe there. */
             return;
         }
         if (knee) {
             /* Diminishing returns: the next step is the smallest. */
             c->run = 0;
         }
-        take_step(c, c->dir);
+        take_step(c, c->dir); /* row 11 */
         c->mode = AT_MODE_STEP;
         return;
     }
-    /* Back to the settled level, whose reference still holds. */
+    /* Rows 12 - 14: back to the held level, whose reference still holds. */
     failed = c->limit;
     c->top |= paid == 0 && c->dir > 0;
     overshot = settle(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
-        /* Throughput fell with concurrency and the work waits rather than
+        /* Row 12. Throughput fell with concurrency and the work waits rather than
          * computes: more of it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
          * what gets the limit climbing within seconds. While work turns
@@ -524,7 +531,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->next_probe = +1;
     }
     else if (overshot) {
-        probe_between(c, failed, AT_MODE_STEP);
+        probe_between(c, failed, AT_MODE_STEP); /* row 13 */
     }
 }
 
@@ -536,7 +543,7 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
     int new_pool;
 
     if (service_changed(c->baseline_us, service_us)) {
-        look_again(c, c->baseline_us, w, x, conc);
+        look_again(c, c->baseline_us, w, x, conc); /* row 2 */
         return;
     }
     new_pool = pool_reference(c, x, conc, w->service_rse);
@@ -544,15 +551,15 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
                                               + BASELINE_WEIGHT * service_us
                                          : service_us;
     if (c->hold > 0) {
-        c->hold--;
+        c->hold--; /* row 3 */
         return;
     }
     if (new_pool) {
-        /* One window off the pool may be a dip, not a drift: a step down
-         * judged against a dip alone looks free. */
+        /* Row 3. One window off the pool may be a dip, not a drift: a step
+         * down judged against a dip alone looks free. */
         return;
     }
-    probe(c, c->next_probe);
+    probe(c, c->next_probe); /* row 4 */
     c->mode = AT_MODE_PROBE;
 }
 
@@ -567,9 +574,9 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
 static void shed_window(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     if (look_again_if_changed(c, w, x, conc)) {
-        return;
+        return; /* row 5 */
     }
-    c->mode = AT_MODE_HOLD;
+    c->mode = AT_MODE_HOLD; /* row 6, through row 4 */
     hold_window(c, x, conc, w);
 }
 
@@ -610,7 +617,7 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     conc = w->inflight;
     c->recent_us = w->service_us;
     if (w->limited < 0.5) {
-        /* Demand stayed under the limit: nobody waited, so the level is
+        /* Row 1. Demand stayed under the limit: nobody waited, so the level is
          * good enough, and the window says nothing about another one. The
          * limit never grows here, however fast requests are served. */
         c->settled = c->limit;

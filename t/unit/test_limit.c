@@ -488,6 +488,19 @@ static void test_enough_samples(void **state)
     assert_false(at_limit_enough_samples(&one, 0, 0, 0));
 }
 
+/* The status page's LimitMode names each mode as the docs do. */
+static void test_mode_names(void **state)
+{
+    (void)state;
+    assert_string_equal(at_limit_mode_name(AT_MODE_HOLD), "hold");
+    assert_string_equal(at_limit_mode_name(AT_MODE_SHED), "shed");
+    assert_string_equal(at_limit_mode_name(AT_MODE_STEP), "step");
+    assert_string_equal(at_limit_mode_name(AT_MODE_PROBE), "probe");
+    assert_string_equal(at_limit_mode_name(AT_MODE_BETWEEN), "between");
+    assert_string_equal(at_limit_mode_name(AT_MODE_RECHECK), "recheck");
+    assert_string_equal(at_limit_mode_name(AT_MODE_RECHECK + 1), "unknown");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_one_outlier_one_step_at_most),
         cmocka_unit_test(test_light_load_never_raises),
         cmocka_unit_test(test_enough_samples),
+        cmocka_unit_test(test_mode_names),
     };
 
     return cmocka_run_group_tests_name("limit", tests, NULL, NULL);
