@@ -171,16 +171,17 @@ static int step_was_long(const at_limit_t *c)
     return c->run > 1;
 }
 
-/* The step did not pay: back to the last good level, stay there a while,
- * then try the other way. A long step (40 or 80 %) that failed after steps
- * that paid overshot: the best level lies between, so the search goes on
- * the same way at once (probe_between). Returns whether it overshot. */
+/* The step under test did not pay: back to the held level, stay there a
+ * while, then try the other way. A long step (40 or 80 %) that failed
+ * after steps that paid overshot: the best level lies between, so the
+ * search goes on the same way at once (probe_between). Returns whether it
+ * overshot. */
 static int settle(at_limit_t *c)
 {
-    int overshot = c->dir && step_was_long(c);
+    int overshot = step_was_long(c);
     int below_cores = c->dir < 0 && under_cores(c, c->limit);
 
-    c->next_probe = overshot ? c->dir : c->dir ? -c->dir : -c->next_probe;
+    c->next_probe = overshot ? c->dir : -c->dir;
     c->limit = c->settled;
     c->mode = AT_MODE_HOLD;
     c->dir = 0;

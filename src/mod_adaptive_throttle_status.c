@@ -111,7 +111,6 @@ static const field_t fields[NFIELDS] = {
 
 typedef struct {
     const char *name;
-    apr_uint32_t max_from; /* the definition's: where max came from */
     at_zone_stats_t s;
     double v[NFIELDS];
 } zone_view_t;
@@ -129,7 +128,6 @@ static void fill_values(zone_view_t *z)
     v[F_LIMIT] = s->limit;
     v[F_LIMIT_MIN] = s->limit_min;
     v[F_LIMIT_MAX] = s->limit_max;
-    v[F_LIMIT_MAX_FROM] = z->max_from;
     v[F_LIMIT_AUTO] = s->limit_auto;
     v[F_LIMIT_HELD] = s->limit_held;
     v[F_LIMIT_MODE] = s->limit_mode;
@@ -184,9 +182,10 @@ static apr_array_header_t *zone_views(apr_pool_t *p)
         zone_view_t *z = apr_array_push(views);
 
         z->name = ref->name;
-        z->max_from = ref->conf.max_from;
         at_zone_stats(ref->zone, &z->s);
         fill_values(z);
+        /* configuration, not the zone's: where max came from */
+        z->v[F_LIMIT_MAX_FROM] = ref->conf.max_from;
     }
     return views;
 }
@@ -236,16 +235,18 @@ static int is_word(int f)
 /* A field's value as the text formats show it. */
 static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
 {
-    if (f == F_MEM_SOURCE) {
-        return at_mem_source_name((at_mem_source_t)z->s.mem_source);
+    apr_uint32_t word = (apr_uint32_t)z->v[f];
+
+    switch (f) {
+    case F_MEM_SOURCE:
+        return at_mem_source_name((at_mem_source_t)word);
+    case F_LIMIT_MAX_FROM:
+        return at_max_from_name(word);
+    case F_LIMIT_MODE:
+        return at_limit_mode_name(word);
+    default:
+        return num(p, z->v[f]);
     }
-    if (f == F_LIMIT_MAX_FROM) {
-        return at_max_from_name(z->max_from);
-    }
-    if (f == F_LIMIT_MODE) {
-        return at_limit_mode_name(z->s.limit_mode);
-    }
-    return num(p, z->v[f]);
 }
 
 /* ---- per priority ---------------------------------------------------------- */

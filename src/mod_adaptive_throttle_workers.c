@@ -78,7 +78,6 @@ static int keep_idle_workers(void)
     return n < KEEP_IDLE_MIN ? KEEP_IDLE_MIN : n;
 }
 
-
 /* Workers not serving a request: MaxRequestWorkers less those busy in the
  * scoreboard (a worker the MPM has not started yet is as good as idle). */
 static int count_idle_workers(void)

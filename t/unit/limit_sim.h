@@ -35,6 +35,16 @@ typedef struct {
 } measured_t;
 #define POINTS(curve) ((int)(sizeof(curve) / sizeof(curve[0])))
 
+/* Work with `demand` far above any limit and no slowdown: on `cores`
+ * cores (0: it waits), each window's measurements off by up to `noise`. */
+static inline workload_t workload_of(double cores, double noise, unsigned seed)
+{
+    workload_t wl = {
+        .cores = cores, .demand = 1000, .noise = noise, .slowdown = 1, .seed = seed};
+
+    return wl;
+}
+
 static inline double jitter(workload_t *wl)
 {
     return 1 + wl->noise * (2.0 * rand_r(&wl->seed) / RAND_MAX - 1);

@@ -83,10 +83,7 @@ static double share(const int *ok, const char *what)
 
 static workload_t computing(double cores, unsigned seed)
 {
-    workload_t wl = {
-        .cores = cores, .demand = 1000, .noise = 0.05, .slowdown = 1, .seed = seed};
-
-    return wl;
+    return workload_of(cores, 0.05, seed);
 }
 
 static workload_t waiting(unsigned seed)
@@ -334,7 +331,7 @@ static void test_recovers_after_a_spike(void **state)
  * far less often than the limit. */
 static void test_held_level_is_where_probes_return(void **state)
 {
-    workload_t wl = {.cores = 4, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 7};
+    workload_t wl = workload_of(4, 0.03, 7);
     at_limit_t c;
     int limit_moves = 0, held_moves = 0, away = 0;
     (void)state;
@@ -399,7 +396,7 @@ static void test_noisy_windows_do_not_creep(void **state)
  * moves the limit by at most one step. */
 static void test_one_outlier_one_step_at_most(void **state)
 {
-    workload_t wl = {.cores = 8, .demand = 1000, .slowdown = 1, .seed = 9};
+    workload_t wl = workload_of(8, 0, 9);
     at_limit_t c;
     at_window_t w;
     apr_uint32_t before, after;

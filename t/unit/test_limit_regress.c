@@ -23,8 +23,7 @@
  * within 25 % of `cores`. Returns how many of them ran below `cores`. */
 static int check_settles_near_cores(double cores, apr_uint32_t start, apr_uint32_t told)
 {
-    workload_t wl = {
-        .cores = cores, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = 7};
+    workload_t wl = workload_of(cores, 0.03, 7);
     at_limit_t c;
     double mean;
     apr_uint32_t lo, hi;
@@ -72,11 +71,7 @@ static void regression_overshoot_refines_the_same_way(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {.cores = 2,
-                         .demand = 1000,
-                         .noise = 0.06 * sqrt(3),
-                         .slowdown = 1,
-                         .seed = seed};
+        workload_t wl = workload_of(2, 0.06 * sqrt(3), seed);
         at_limit_t c;
         int above = 0;
 
@@ -114,8 +109,7 @@ static int worst_climb_after_computing(double cores, apr_uint32_t start, double 
     apr_uint32_t low = 64;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {
-            .cores = cores, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = seed};
+        workload_t wl = workload_of(cores, 0.03, seed);
         at_limit_t c;
         int up;
 
@@ -176,15 +170,11 @@ static void regression_switch_during_a_step_down(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {.cores = 0,
-                         .demand = 1000,
-                         .noise = 0.03,
-                         .slowdown = 1,
-                         .seed = seed,
-                         .ceiling = 760};
+        workload_t wl = workload_of(0, 0.03, seed);
         at_limit_t c;
         int down, i;
 
+        wl.ceiling = 760;
         at_limit_init(&c, 4, 1, 64);
         run(&c, &wl, 30);
         for (i = 0; i < 200 && c.dir >= 0; i++) {
@@ -233,11 +223,7 @@ static void regression_flat_top_keeps_the_climb(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {.cores = 2,
-                         .demand = 1000,
-                         .noise = 0.06 * sqrt(3),
-                         .slowdown = 1,
-                         .seed = seed};
+        workload_t wl = workload_of(2, 0.06 * sqrt(3), seed);
         at_limit_t c;
         double got = 0;
 
@@ -271,7 +257,7 @@ static void regression_flat_top_keeps_the_climb(void **state)
  * 44, from window 12 on); without the rule at all, from window 8. */
 static void regression_climb_stops_near_the_knee(void **state)
 {
-    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
+    workload_t wl = workload_of(0, 0, 1);
     at_limit_t c;
     apr_uint32_t seen[30], last;
     int i, settled = 0;
@@ -312,7 +298,7 @@ static const measured_t s4_gentle[] = {{1, 5},    {10, 46},  {16, 76},
  * steps of the climb `fast` faster. */
 static apr_uint32_t held_after_gentle_climb(double slow, double fast)
 {
-    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
+    workload_t wl = workload_of(0, 0, 1);
     apr_uint32_t before = 13;
     at_limit_t c;
 
@@ -413,11 +399,7 @@ static void flat_top_walks(int runs, int *held_off, int *limit_off)
 {
     *held_off = *limit_off = 0;
     for (int seed = 1; seed <= runs; seed++) {
-        workload_t wl = {.cores = 2,
-                         .demand = 1000,
-                         .noise = 0.03,
-                         .slowdown = 1,
-                         .seed = (unsigned)seed};
+        workload_t wl = workload_of(2, 0.03, (unsigned)seed);
         apr_uint32_t held[60], limit[60];
         at_limit_t c;
 
@@ -468,7 +450,7 @@ static void regression_flat_top_probes_are_confirmed(void **state)
  * end of that climb on. */
 static void regression_windows_lengthen_at_the_top(void **state)
 {
-    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
+    workload_t wl = workload_of(0, 0, 1);
     at_limit_t c;
     at_window_t w;
     int i, short_windows = 0;
@@ -508,7 +490,7 @@ static void regression_windows_lengthen_at_the_top(void **state)
 static apr_uint32_t after_probe_from_10(double gain)
 {
     const measured_t curve[] = {{1, 10}, {10, 100}, {12, 100 * (1 + gain)}, {64, 110}};
-    workload_t wl = {.cores = 0, .demand = 1000, .slowdown = 1, .seed = 1};
+    workload_t wl = workload_of(0, 0, 1);
     at_limit_t c;
     at_window_t w;
 
@@ -540,7 +522,7 @@ static void regression_steps_stop_growing_at_the_knee(void **state)
  * much and puts it off once more; the one after that probes. */
 static void regression_a_dip_puts_off_the_probe(void **state)
 {
-    workload_t wl = {.cores = 4, .demand = 1000, .slowdown = 1, .seed = 21};
+    workload_t wl = workload_of(4, 0, 21);
     at_limit_t c;
     at_window_t w;
     apr_uint32_t level;
@@ -605,8 +587,7 @@ static void regression_follows_work_turning_heavier_gradually(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 20; seed++) {
-        workload_t wl = {
-            .cores = 0, .demand = 1000, .noise = 0.03, .slowdown = 1, .seed = seed};
+        workload_t wl = workload_of(0, 0.03, seed);
         at_limit_t c;
         int down = -1;
         double sum = 0;
@@ -656,11 +637,7 @@ static void regression_shed_from_a_flat_top_goes_on_down(void **state)
     (void)state;
 
     for (unsigned seed = 1; seed <= 200; seed++) {
-        workload_t wl = {.cores = 0,
-                         .demand = 1000,
-                         .noise = 0.05 * sqrt(3),
-                         .slowdown = 1,
-                         .seed = seed};
+        workload_t wl = workload_of(0, 0.05 * sqrt(3), seed);
         at_limit_t c;
         int down;
 
@@ -693,8 +670,7 @@ static void regression_shed_from_a_flat_top_goes_on_down(void **state)
  * known to 15 %, so the first shed is small (64 -> 40). */
 static int windows_to_cores_draining(unsigned seed, int partial)
 {
-    workload_t wl = {
-        .cores = 0, .demand = 1000, .noise = 0.03 * sqrt(3), .slowdown = 1, .seed = seed};
+    workload_t wl = workload_of(0, 0.03 * sqrt(3), seed);
     at_limit_t c;
     apr_uint32_t before;
     double t_before;
