@@ -414,7 +414,7 @@ static void test_retry_after(void **state)
 
 /* retry_after=auto: one request stuck for minutes moves the typical
  * service time by an eighth, not in proportion (an average of 20 ms
- * requests that met one of 10 minutes used to advise 10 waiting clients to
+ * requests that met one of 10 minutes would advise 10 waiting clients to
  * stay away 13 minutes); and the advice never exceeds the ceiling. */
 static void test_retry_after_resists_one_slow_request(void **state)
 {
