@@ -45,8 +45,7 @@ typedef enum {
                          compared with the one that showed it */
     AT_MODE_STEP,    /* a step of a run (a climb, or a walk down) under test */
     AT_MODE_PROBE,   /* a probe out of a hold under test */
-    AT_MODE_BETWEEN, /* the level between the climb's last two under test */
-    AT_MODE_RECHECK  /* a long step up judged again by its next window */
+    AT_MODE_BETWEEN  /* the level between the climb's last two under test */
 } at_limit_mode_t;
 
 typedef struct {
@@ -96,7 +95,7 @@ apr_uint32_t at_limit_value(const at_limit_t *c);
 apr_uint32_t at_limit_held(const at_limit_t *c);
 
 /* The mode's name as the status page shows it: hold, shed, step, probe,
- * between, recheck. */
+ * between. */
 const char *at_limit_mode_name(apr_uint32_t mode);
 
 /* How many service times a window should last: more once the climb has

@@ -115,8 +115,7 @@ apr_uint32_t at_limit_held(const at_limit_t *c)
 
 const char *at_limit_mode_name(apr_uint32_t mode)
 {
-    static const char *const names[] = {"hold",  "shed",    "step",
-                                        "probe", "between", "recheck"};
+    static const char *const names[] = {"hold", "shed", "step", "probe", "between"};
 
     return mode < sizeof(names) / sizeof(names[0]) ? names[mode] : "unknown";
 }
@@ -192,10 +191,10 @@ static int settle(at_limit_t *c)
 
 /* Down, the level between is their geometric middle, tried at once against
  * the last good level's reference: one step instead of a walk of small
- * ones. Not up: a second probe up is a second chance for noise to look
- * like a gain. Also used below a long step up that reached the knee
- * (mode BETWEEN). Returns whether there is a level between the settled one
- * and `other`. */
+ * ones. Not up after a step that gained nothing: a second probe up is a
+ * second chance for noise to look like a gain (step_to_middle_up). Also
+ * used below a long step up that reached the knee (mode BETWEEN). Returns
+ * whether there is a level between the settled one and `other`. */
 static int probe_between(at_limit_t *c, double other, at_limit_mode_t mode)
 {
     double mid = sqrt(c->settled * other);
@@ -457,16 +456,33 @@ static int needs_confirming(const at_limit_t *c, double x, double conc)
            && (c->dir < 0 ? above_cores(c) : near_knee(c, x, conc));
 }
 
-/* Whether a long step up of the climb (40 or 80 %) that did not pay but
- * gained some throughput is judged again by its next window, alone,
- * before it ends the climb: its first window may see the slow start of the
- * many requests it let in at once (CGIs forking together). */
-static int worth_a_second_look(const at_limit_t *c, double x)
+/* Whether a long step up of the climb (40 or 80 %) that did not pay
+ * gained some throughput: its first window may see the slow start of the
+ * many requests it let in at once (CGIs forking together), and the best
+ * level is more likely between than below. */
+static int gained_on_long_step_up(const at_limit_t *c, double x)
 {
     return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
-/* STEP, PROBE, BETWEEN, RECHECK: the window judges the step under test.
+/* Up from the held level to the geometric middle of it and the long step
+ * that gained too little, judged at once like a step of the climb against
+ * the held level's reference. Returns whether there is a level between. */
+static int step_to_middle_up(at_limit_t *c)
+{
+    double mid = sqrt(c->settled * c->limit);
+
+    if (rounded(mid) == rounded(c->settled) || rounded(mid) == rounded(c->limit)) {
+        return 0;
+    }
+    c->limit = mid;
+    c->mode = AT_MODE_STEP;
+    c->dir = +1;
+    c->run = 0;
+    return 1;
+}
+
+/* STEP, PROBE, BETWEEN: the window judges the step under test.
  * The comments' row numbers are those of docs/adaptive-limit.md's table. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
@@ -486,10 +502,9 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->passes++;
         return;
     }
-    if (paid == 0 && worth_a_second_look(c, x)) {
-        /* Row 9. Same level, same reference: the next window judges it
-         * alone. */
-        c->mode = AT_MODE_RECHECK;
+    if (paid == 0 && gained_on_long_step_up(c, x) && step_to_middle_up(c)) {
+        /* Row 9. Judged against the held level's reference, which the
+         * failed step left as it was. */
         return;
     }
     c->passes = 0;
@@ -640,7 +655,6 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
         case AT_MODE_STEP:
         case AT_MODE_PROBE:
         case AT_MODE_BETWEEN:
-        case AT_MODE_RECHECK:
             judge_step(c, x, conc, w);
             break;
         }

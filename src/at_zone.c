@@ -35,8 +35,8 @@
 #endif
 
 /* The layout's version: a zone kept across a graceful restart onto a build
- * with another layout is made anew. "ATZ8": the controller's modes. */
-#define ZONE_MAGIC 0x41545a38u
+ * with another layout is made anew. "ATZ9": the controller's five modes. */
+#define ZONE_MAGIC 0x41545a39u
 #define NONE (-1)
 
 /* W_EVICTED: put out of a full queue by a request of higher priority; the

@@ -80,13 +80,13 @@ ok t_cmp($same >= @cpu / 2 && !$far && $hm <= $lm
          "the held level is where the limit runs ($same of " . @cpu . ' samples),'
          . " a step from it at most ($far further), moves no more ($hm against $lm), within min and max");
 
-# LimitMode says what the controller does: one of its six modes in every
+# LimitMode says what the controller does: one of its five modes in every
 # sample; over 22 s under load it holds a level and tries others.
 my %seen;
 $seen{$_ // 'none'}++ for @cpu_modes;
 print STDERR "# auto.t: modes seen: ", join(' ', map { "$_ $seen{$_}" } sort keys %seen), "\n";
-ok t_cmp(!grep({ !/^(?:hold|shed|step|probe|between|recheck)$/ } map { $_ // 'none' } @cpu_modes)
-         && $seen{hold} && grep({ $seen{$_} } qw(step probe between recheck shed)) ? 1 : 0, 1,
+ok t_cmp(!grep({ !/^(?:hold|shed|step|probe|between)$/ } map { $_ // 'none' } @cpu_modes)
+         && $seen{hold} && grep({ $seen{$_} } qw(step probe between shed)) ? 1 : 0, 1,
          'LimitMode is a mode in every sample; both holding and stepping were seen');
 
 # Long sleeps, so that starting perl (CPU) is a small part of each request.

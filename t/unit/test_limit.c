@@ -494,8 +494,7 @@ static void test_mode_names(void **state)
     assert_string_equal(at_limit_mode_name(AT_MODE_STEP), "step");
     assert_string_equal(at_limit_mode_name(AT_MODE_PROBE), "probe");
     assert_string_equal(at_limit_mode_name(AT_MODE_BETWEEN), "between");
-    assert_string_equal(at_limit_mode_name(AT_MODE_RECHECK), "recheck");
-    assert_string_equal(at_limit_mode_name(AT_MODE_RECHECK + 1), "unknown");
+    assert_string_equal(at_limit_mode_name(AT_MODE_BETWEEN + 1), "unknown");
 }
 
 int main(void)

@@ -319,11 +319,11 @@ static apr_uint32_t held_after_gentle_climb(double slow, double fast)
 /* The climb's long step 22 -> 39 gains 24 %, but its first window, slowed
  * by the fork burst of the 17 CGIs let in at once, shows 8 %, where 12 %
  * and the noise are needed. A long step of the climb that gained anything
- * runs a second window before it ends the climb: the held level is 39
- * from the fourth window on. Judged by the first alone, the climb ends at
- * 22, and the held level walks up by confirmed steps: 26 after six
- * windows. A first window that shows no gain (30 % slow) gets no second
- * look. */
+ * is followed at once by the level between (29), judged against 22: it
+ * pays, and the climb goes on by 20 % (35) in six windows. Ending the
+ * climb at 22 instead, the held level walks up by confirmed steps, at 26
+ * after six windows and 38 after twelve (on a server 10 - 20 s). A first
+ * window that shows no gain (30 % slow) ends the climb. */
 static void regression_a_slow_first_window_does_not_end_the_climb(void **state)
 {
     apr_uint32_t held = held_after_gentle_climb(0.15, 0);
@@ -331,7 +331,7 @@ static void regression_a_slow_first_window_does_not_end_the_climb(void **state)
 
     print_message("gentle top, the long step's first window 15 %% slow: held at %u\n",
                   held);
-    assert_true(held >= 36 && held <= 44);
+    assert_true(held >= 30 && held <= 44);
     /* a first window that lost throughput ends the climb at once */
     held = held_after_gentle_climb(0.30, 0);
     print_message("30 %% slow: held at %u\n", held);
