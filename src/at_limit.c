@@ -40,7 +40,8 @@
  *                      one alone doubles the noise of the comparison
  * STEP_FIRST 0.2, STEP_DOUBLINGS 2  steps of a run: 20, 40, 80 % (at least 1)
  * WORK_CHANGED 1.5     a service time this many times longer or shorter than
- *                      concurrency explains: the work itself changed
+ *                      concurrency explains: the work itself changed (with
+ *                      nobody waiting, longer than the held level's: shed)
  * SHED_LEAST, SHED_MOST 0.2, 0.8  the share one shed may take off the limit
  * SHED_DOUBT_SES 2     a shed reads the growth of the service time this many
  *                      standard errors low: one huge request counts for little
@@ -385,11 +386,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     c->run = 0;
     forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
-        /* row 15 */
+        /* row 16 */
         shed(c, share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
         return;
     }
-    /* row 16 */
+    /* row 17 */
     reference_is(c, x, conc);
     c->settled = c->limit;
     c->baseline_us = w->service_us;
@@ -490,20 +491,20 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     double failed;
 
     if (look_again_if_changed(c, w, x, conc)) {
-        /* Row 7. The window before the step measured other work: it
+        /* Row 8. The window before the step measured other work: it
          * cannot judge the step. */
         return;
     }
     paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
     if (paid == 1 && needs_confirming(c, x, conc)) {
-        /* Row 8. Same level, same reference: the next window judges it
+        /* Row 9. Same level, same reference: the next window judges it
          * again. */
         c->passes++;
         return;
     }
     if (paid == 0 && gained_on_long_step_up(c, x) && step_to_middle_up(c)) {
-        /* Row 9. Judged against the held level's reference, which the
+        /* Row 10. Judged against the held level's reference, which the
          * failed step left as it was. */
         return;
     }
@@ -520,14 +521,14 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         reference_is(c, x, conc);
         c->top |= knee;
         if (knee && long_step && probe_between(c, below, AT_MODE_BETWEEN)) {
-            /* Row 10: a step down at the top, confirmed like a probe there. */
+            /* Row 11: a step down at the top, confirmed like a probe there. */
             return;
         }
         if (knee) {
             /* Diminishing returns: the next step is the smallest. */
             c->run = 0;
         }
-        take_step(c, c->dir); /* row 11 */
+        take_step(c, c->dir); /* row 12 */
         c->mode = AT_MODE_STEP;
         return;
     }
@@ -536,7 +537,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     c->top |= paid == 0 && c->dir > 0;
     overshot = settle(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
-        /* Row 12. Throughput fell with concurrency and the work waits rather than
+        /* Row 13. Throughput fell with concurrency and the work waits rather than
          * computes: more of it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
          * what gets the limit climbing within seconds. While work turns
@@ -547,7 +548,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->next_probe = +1;
     }
     else if (overshot) {
-        probe_between(c, failed, AT_MODE_STEP); /* row 13 */
+        probe_between(c, failed, AT_MODE_STEP); /* row 14 */
     }
 }
 
@@ -559,7 +560,7 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
     int new_pool;
 
     if (service_changed(c->baseline_us, service_us)) {
-        look_again(c, c->baseline_us, w, x, conc); /* row 2 */
+        look_again(c, c->baseline_us, w, x, conc); /* row 3 */
         return;
     }
     new_pool = pool_reference(c, x, conc, w->service_rse);
@@ -567,15 +568,15 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
                                               + BASELINE_WEIGHT * service_us
                                          : service_us;
     if (c->hold > 0) {
-        c->hold--; /* row 3 */
+        c->hold--; /* row 4 */
         return;
     }
     if (new_pool) {
-        /* Row 3. One window off the pool may be a dip, not a drift: a step
+        /* Row 4. One window off the pool may be a dip, not a drift: a step
          * down judged against a dip alone looks free. */
         return;
     }
-    probe(c, c->next_probe); /* row 4 */
+    probe(c, c->next_probe); /* row 5 */
     c->mode = AT_MODE_PROBE;
 }
 
@@ -590,10 +591,41 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
 static void shed_window(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     if (look_again_if_changed(c, w, x, conc)) {
-        return; /* row 5 */
+        return; /* row 6 */
     }
-    c->mode = AT_MODE_HOLD; /* row 6, through row 4 */
+    c->mode = AT_MODE_HOLD; /* row 7, through row 5 */
     hold_window(c, x, conc, w);
+}
+
+/* Whether a window in which nobody waited still shows requests slowing
+ * each other: each took WORK_CHANGED times as long as at the held level,
+ * with more of them running than the cores. The work grew heavier, or more
+ * of it came, and a limit above what runs would let all of it in: after
+ * waiting work climbed past its demand and turned to computing, say. */
+static int slowed_under_the_limit(const at_limit_t *c, const at_window_t *w,
+                                  double conc)
+{
+    return c->baseline_us > 0 && rounded(conc) > c->cores
+           && w->service_us > WORK_CHANGED * c->baseline_us;
+}
+
+/* Row 2. Demand stayed under the limit: nobody waited, so the level is
+ * good enough, and the window says nothing about another one. The limit
+ * never grows here, however fast requests are served. The service time
+ * is kept as the level's only if it has none yet (row 1 compares with it):
+ * with fewer running it is shorter than at the limit. */
+static void under_demand(at_limit_t *c, const at_window_t *w)
+{
+    c->settled = c->limit;
+    c->mode = AT_MODE_HOLD;
+    c->dir = 0;
+    c->run = 0;
+    c->last_x = 0;
+    c->ref_n = 0;
+    if (c->baseline_us <= 0) {
+        c->baseline_us = w->service_us;
+    }
+    forget_the_top(c);
 }
 
 int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
@@ -632,17 +664,13 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     x = w->inflight * 1e6 / w->service_us;
     conc = w->inflight;
     c->recent_us = w->service_us;
-    if (w->limited < 0.5) {
-        /* Row 1. Demand stayed under the limit: nobody waited, so the level is
-         * good enough, and the window says nothing about another one. The
-         * limit never grows here, however fast requests are served. */
-        c->settled = c->limit;
-        c->mode = AT_MODE_HOLD;
-        c->dir = 0;
-        c->run = 0;
-        c->last_x = 0;
-        c->ref_n = 0;
-        forget_the_top(c);
+    if (w->limited < 0.5 && slowed_under_the_limit(c, w, conc)) {
+        /* Row 1: the level that ran is the one to shed from. */
+        c->limit = clamp(c, ceil(conc));
+        look_again(c, c->baseline_us, w, x, conc);
+    }
+    else if (w->limited < 0.5) {
+        under_demand(c, w);
     }
     else {
         switch (c->mode) {

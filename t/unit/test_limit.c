@@ -10,7 +10,8 @@
  *   median seed, 0.85 x in nearly all;
  * - no creep: under overload, no higher than 1.25 x the cores after 2,000
  *   windows; under demand that fits, no higher than twice the demand;
- * - after the work changes (a switch, a spike), the same within SETTLE
+ * - after the work changes (a switch, a spike, work that turns to
+ *   computing while the limit is above its demand), the same within SETTLE
  *   windows.
  *
  * Each holds in at least MOST of SEEDS runs. SETTLE is S4's target of 10 s
@@ -302,6 +303,31 @@ static void test_follows_a_switch(void **state)
     assert_true(share(up, "4 cores -> waits: back at 64 by window 40") >= MOST);
 }
 
+/* Waiting work that keeps up with its 80 clients climbs past them: above
+ * 80 nobody waits, so no step is judged there. When the same clients turn
+ * to computing on 4 cores, the held level is within 25 % of the cores by
+ * SETTLE windows, not left where the climb stopped. */
+static void test_sheds_after_climbing_past_demand(void **state)
+{
+    int past[SEEDS], down[SEEDS];
+    (void)state;
+
+    for (int s = 0; s < SEEDS; s++) {
+        workload_t wl = waiting(1700 + s);
+        at_limit_t c;
+
+        wl.demand = 80;
+        at_limit_init(&c, 4, 1, 144);
+        at_limit_set_cores(&c, 4);
+        run(&c, &wl, 40 + s % 5);
+        past[s] = at_limit_value(&c) > wl.demand;
+        wl.cores = 4;
+        down[s] = windows_to_settle(&c, &wl, SETTLE + 60, 4) <= SETTLE;
+    }
+    assert_true(share(past, "waits, 80 clients: the limit above 80") >= MOST);
+    assert_true(share(down, "then 4 cores: held within 25 % of 4 by window 40") >= MOST);
+}
+
 /* For 20 windows the work is 3 x slower and contends for 2 cores (another
  * program took the machine): back at max within SETTLE windows after. */
 static void test_recovers_after_a_spike(void **state)
@@ -506,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_a_knee_gets_most_throughput),
         cmocka_unit_test(test_no_creep),
         cmocka_unit_test(test_follows_a_switch),
+        cmocka_unit_test(test_sheds_after_climbing_past_demand),
         cmocka_unit_test(test_recovers_after_a_spike),
         cmocka_unit_test(test_noisy_windows_do_not_creep),
         cmocka_unit_test(test_held_level_is_where_probes_return),
