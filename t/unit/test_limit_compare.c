@@ -605,7 +605,7 @@ static int meets_targets(const ctl_t *kind, double p99_most)
 
 /* The latency p99 allowed beside the best fixed limit's. Ours pays it on
  * CPU-bound work on 2 - 4 cores, where its probes below the cores cost one
- * window in six or so half the throughput (up to 1.7 x in this model, 1.11 x
+ * window in six or so half the throughput (up to 1.7 x in this model, 1.16 x
  * in S4 on a real server), and on a spike of waiting work that runs under
  * its limit: the slower service looks like heavier work, and the limit
  * sheds from what ran, then climbs back (2.2 x). */

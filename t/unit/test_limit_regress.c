@@ -416,7 +416,7 @@ static void flat_top_walks(int runs, int *held_off, int *limit_off)
 /* On that flat top a probe's effect (2 - 3 %) is within the windows'
  * spread, and judged by one window probes both ways pass by chance: the
  * held level walks 31 - 59 long after the climb (off its final band in
- * 70 of 200 runs, the limit itself in 188). Once the climb has found the
+ * 64 of 200 runs, the limit itself in 191). Once the climb has found the
  * knee, a probe out of a hold that passes is judged by two more windows
  * before the held level moves. The limit itself stays off more often than
  * the held level: a probe from a held level one step off the final one
