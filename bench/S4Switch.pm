@@ -1,11 +1,12 @@
 # How fast limit=auto settles after each change of workload in S4's switch
-# (bench/s4-lib.sh's s4_switch): shared by bench/s4-report and
-# bench/s4-switch-report.
+# (bench/s4-lib.sh's s4_switch), and what a load run got done: shared by
+# bench/s4-report and bench/s4-switch-report.
 package S4Switch;
 use strict;
 use warnings;
 use Exporter 'import';
-our @EXPORT_OK = qw(@PHASES median read_switch settling settling_cells sleep_handler sleep_tag);
+our @EXPORT_OK = qw(@PHASES $WARM load_stats median read_switch settling settling_cells
+                    sleep_handler sleep_tag);
 
 # The sleep-bound handler bench/s4-lib.sh ran (S4_SLEEP), as the reports
 # describe it, and the tag their file names get for it.
@@ -30,6 +31,36 @@ sub median {
     my @v = sort { $a <=> $b } @_;
     return 0 unless @v;
     return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
+}
+
+sub pct {
+    my ($q, @v) = @_;
+    @v = sort { $a <=> $b } @v;
+    return 0 unless @v;
+    return $v[int($q * $#v + 0.5)];
+}
+
+# Whole run, and from WARM s on: a fixed limit runs at its level from the
+# first request, limit=auto first has to find it.
+our $WARM = 10;
+
+# A load run's file (start_us end_us status) of SECS seconds: goodput /s,
+# p99 ms, answers not 200, and goodput and p99 of the requests sent from
+# $WARM s on.
+sub load_stats {
+    my ($f, $secs) = @_;
+    open my $fh, '<', $f or return;
+    my ($ok, $bad, $ok_late, @lat, @lat_late) = (0, 0, 0);
+    while (<$fh>) {
+        next if /^#/;
+        my ($s, $e, $st) = split;
+        if ($st != 200) { $bad++; next }
+        $ok++;
+        push @lat, ($e - $s) / 1000;
+        if ($s >= $WARM * 1e6) { $ok_late++; push @lat_late, ($e - $s) / 1000 }
+    }
+    return ($ok / $secs, pct(0.99, @lat), $bad, $ok_late / ($secs - $WARM),
+            pct(0.99, @lat_late));
 }
 
 # The phases' starts (seconds from the first; the end last) and the
