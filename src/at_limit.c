@@ -190,22 +190,22 @@ static int settle(at_limit_t *c)
     return overshot;
 }
 
-/* Down, the level between is their geometric middle, tried at once against
- * the last good level's reference: one step instead of a walk of small
- * ones. Not up after a step that gained nothing: a second probe up is a
- * second chance for noise to look like a gain (step_to_middle_up). Also
- * used below a long step up that reached the knee (mode BETWEEN). Returns
- * whether there is a level between the settled one and `other`. */
+/* The geometric middle of the held level and `other`, tried at once
+ * against the held level's reference: one step instead of a walk of small
+ * ones. Below a step down that overshot (row 14) or a long step up that
+ * reached the knee (row 11, mode BETWEEN); above, after a long step up
+ * that gained too little (row 10). Returns whether there is a level
+ * between. */
 static int probe_between(at_limit_t *c, double other, at_limit_mode_t mode)
 {
     double mid = sqrt(c->settled * other);
     double m = rounded(mid);
 
-    if (other > c->settled || m == rounded(c->settled) || m == rounded(other)) {
+    if (m == rounded(c->settled) || m == rounded(other)) {
         return 0;
     }
     c->mode = mode;
-    c->dir = -1;
+    c->dir = other > c->settled ? +1 : -1;
     c->limit = mid;
     c->run = 0;
     return 1;
@@ -466,23 +466,6 @@ static int gained_on_long_step_up(const at_limit_t *c, double x)
     return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
-/* Up from the held level to the geometric middle of it and the long step
- * that gained too little, judged at once like a step of the climb against
- * the held level's reference. Returns whether there is a level between. */
-static int step_to_middle_up(at_limit_t *c)
-{
-    double mid = sqrt(c->settled * c->limit);
-
-    if (rounded(mid) == rounded(c->settled) || rounded(mid) == rounded(c->limit)) {
-        return 0;
-    }
-    c->limit = mid;
-    c->mode = AT_MODE_STEP;
-    c->dir = +1;
-    c->run = 0;
-    return 1;
-}
-
 /* STEP, PROBE, BETWEEN: the window judges the step under test.
  * The comments' row numbers are those of docs/adaptive-limit.md's table. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
@@ -503,7 +486,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->passes++;
         return;
     }
-    if (paid == 0 && gained_on_long_step_up(c, x) && step_to_middle_up(c)) {
+    if (paid == 0 && gained_on_long_step_up(c, x)
+        && probe_between(c, c->limit, AT_MODE_STEP)) {
         /* Row 10. Judged against the held level's reference, which the
          * failed step left as it was. */
         return;
@@ -547,8 +531,10 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->hold = 0;
         c->next_probe = +1;
     }
-    else if (overshot) {
-        probe_between(c, failed, AT_MODE_STEP); /* row 14 */
+    else if (overshot && failed < c->settled) {
+        /* Row 14. Not up: a second probe up is a second chance for noise
+         * to look like a gain. */
+        probe_between(c, failed, AT_MODE_STEP);
     }
 }
 
