@@ -17,7 +17,7 @@ use Apache::TestRequest;
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
                  probe_order probe_reset wait_until hostport server_pid
                  load_loop restarts_seen private_server children_of
-                 open_request server_process_of free_port cgi_conf agent_conf);
+                 open_request server_process_of free_port cgi_conf agent_conf configtest);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -222,6 +222,28 @@ sub agent_conf {
     my ($port, $zone) = @_;
     return "Listen 127.0.0.1:$port\n<VirtualHost 127.0.0.1:$port>\n"
          . "    ThrottleAgent $zone\n</VirtualHost>\n";
+}
+
+# httpd -t on $conf pasted into a minimal server with the suite's modules
+# and mod_proxy_fcgi: '' when it passes, else what httpd said.
+sub configtest {
+    my ($conf) = @_;
+    my $inherit = $ENV{INHERIT_CONF} or die 'INHERIT_CONF not set';
+    my $httpd = $ENV{HTTPD} || Apache::Test::vars('httpd');
+    my $apxs = $ENV{APXS} || 'apxs';
+    chomp(my $moddir = `$apxs -q LIBEXECDIR`);
+    my $dir = tempdir(CLEANUP => 1);
+    open my $in, '<', $inherit or die "$inherit: $!";
+    my @modules = <$in>;
+    push @modules, "LoadModule proxy_fcgi_module $moddir/mod_proxy_fcgi.so\n"
+        unless grep { /proxy_fcgi/ } @modules;
+    open my $fh, '>', "$dir/httpd.conf" or die;
+    print $fh @modules, "ServerRoot $dir\nServerName 127.0.0.1\nListen 127.0.0.1:1\n",
+        "DocumentRoot $dir\nDefaultRuntimeDir $dir\nPidFile $dir/pid\n",
+        "ErrorLog $dir/error_log\n", $conf;
+    close $fh;
+    my $out = `$httpd -t -d $dir -f $dir/httpd.conf 2>&1`;
+    return $? == 0 ? '' : $out || "httpd -t exited $?";
 }
 
 # Servers started by this test, stopped at its end even if it dies midway
