@@ -35,6 +35,7 @@ sub probe_dir {
 sub connect_server {
     my (%opt) = @_;
     my ($host, $port) = split /:/, hostport();
+    ($host, $port) = ('127.0.0.1', $opt{port}) if $opt{port}; # a private server
     IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => 'tcp',
                           Timeout => 10, ($opt{from} ? (LocalAddr => $opt{from}) : ()))
         or die "connect $host:$port: $!";
