@@ -28,6 +28,7 @@ int at_client_key_none(const at_client_key_t *k);
 
 typedef struct {
     at_client_key_t key;
+    unsigned char key_pad[3]; /* to count's alignment: shared layouts name their padding */
     apr_uint32_t count;
     apr_uint32_t pad;
 } at_client_entry_t;

@@ -55,6 +55,10 @@ typedef struct at_life at_life_t;
 apr_size_t at_life_size(apr_uint32_t nchildren);
 void at_life_init(at_life_t *l, apr_uint32_t nchildren, apr_uint64_t seed);
 
+/* 1 if a table kept across a restart serves nchildren and was laid by a
+ * build of this layout; else the caller lays a new one. */
+int at_life_can_hold(const at_life_t *l, apr_uint32_t nchildren);
+
 /* In a new child: take a record and draw this child's lifetime. Returns the
  * record (NULL if the table is full; the lifetime is drawn all the same). */
 at_child_t *at_life_enter(at_life_t *l, apr_uint32_t min, apr_uint32_t max,
@@ -66,5 +70,11 @@ int at_life_claim_retirement(at_life_t *l, apr_int64_t window_us);
 
 apr_uint32_t at_life_capacity(const at_life_t *l);
 const at_child_t *at_life_child(const at_life_t *l, apr_uint32_t i);
+
+#ifdef AT_TEST_HOOKS
+/* Test builds only: called while a record is half claimed (its pid taken,
+ * its start time not yet written), so that a test can widen that moment. */
+extern void (*at_test_life_claim_hook)(void);
+#endif
 
 #endif

@@ -67,6 +67,7 @@ typedef struct {
                               or the window before in a run of steps; in
                               SHED, the window that showed the change */
     apr_uint32_t ref_n;    /* windows in last_x, last_c (0: none yet) */
+    apr_uint32_t pad;
     double baseline_us;    /* service time at the held level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */

@@ -3,7 +3,8 @@
  * keeps the last reading of available memory (at_mem_read) and a ledger of
  * the memory promised to started requests that no reading shows yet, so
  * that a burst cannot overshoot and nothing is counted twice. It lives in
- * the zone's shared memory; the zone calls it under its lock.
+ * the zone's shared memory; the zone updates it under its lock, and reads
+ * the files outside it.
  */
 #ifndef AT_MEMGATE_H
 #define AT_MEMGATE_H
@@ -33,11 +34,25 @@ typedef apr_uint32_t (*at_memgate_young_fn)(void *ctx, apr_int64_t now,
  * AT_MEM_SETTLE_US (negative: the default). Process-wide. */
 void at_memgate_set_reading(const char *root, apr_int64_t settle_us);
 
-/* Whether one more request may start now (1 when the gate is open or no
- * reading can be had); takes a new reading when the last is too old. name
- * is the zone's, for the one warning logged when readings fail. */
-int at_memgate_allows(at_memgate_t *g, apr_int64_t now, apr_uint32_t active,
-                      at_memgate_young_fn young, void *ctx, const char *name);
+/* A reading of available memory, taken outside the zone's lock. */
+typedef struct {
+    int ok;
+    apr_uint32_t source; /* an at_mem_source_t */
+    apr_uint64_t avail;
+} at_mem_reading_t;
+
+/* Without the lock: 1 if a reading was due and this caller took it into r
+ * (one caller at a time); then at_memgate_apply it under the lock. */
+int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r);
+
+/* Under the lock: the reading into the ledger. 1 if it is the first that
+ * failed: the caller logs that mem= is not enforced, after the lock. */
+int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now,
+                     apr_uint32_t active, at_memgate_young_fn young, void *ctx);
+
+/* Whether one more request may start now, by the last reading and the
+ * promises since (1 when the gate is open or no reading could be had). */
+int at_memgate_estimate(const at_memgate_t *g);
 
 void at_memgate_started(at_memgate_t *g);
 /* A request that ran ran_us ended. */

@@ -28,6 +28,7 @@ typedef struct {
     int queue_default;        /* queue= not given: 10 x the (starting) limit */
     apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
     apr_uint32_t cores;       /* online CPUs, for an automatic limit */
+    apr_uint32_t pad;
     apr_uint64_t read_body;   /* body bytes read before a slot is taken; 0: off */
     apr_uint32_t retry_after_max;  /* ceiling of retry_after=auto; 0: the default */
     apr_uint32_t client_v6_prefix; /* per_client: IPv6 prefix length; 0: the default */

@@ -10,6 +10,8 @@
  * how often a zone checks its owners for dead processes. */
 #define AT_WAIT_SLICE_US 50000
 #define AT_RECLAIM_INTERVAL_US 250000
+/* The longest a status read or an error page waits for a zone's lock. */
+#define AT_GLANCE_LOCK_US 200000
 /* limit=auto judges windows of at least this long, and at least the
  * service times at_limit_window_services() asks for, up to
  * AT_AUTO_WINDOW_LONG_US for the AT_LIMIT_WINDOW_SERVICES of a climb (twice

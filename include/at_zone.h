@@ -32,7 +32,9 @@ typedef enum {
     AT_REJECTED_CLIENT,   /* the client already has per_client requests in */
     AT_REJECTED_PREDICTED, /* limit=auto: its wait would outlast the timeout */
     AT_REJECTED_WORKERS,   /* would wait, but the server is short of idle workers */
-    AT_REJECTED_STANDING   /* codel=: waited TARGET while the queue stood */
+    AT_REJECTED_STANDING,  /* codel=: waited TARGET while the queue stood */
+    AT_REJECTED_LOCKED     /* the zone's lock was held past the request's deadline
+                              (its holder stopped, in a debugger, frozen) */
 } at_result_t;
 
 /* ThrottlePriority: higher runs first; requests wait in priority order,
@@ -51,7 +53,7 @@ typedef struct {
 
 typedef struct {
     apr_int32_t slot;
-    apr_int32_t over_cap;   /* dry run: running without a slot */
+    apr_int32_t over_cap;   /* dry run: running without a slot (its record + 1; -1: none) */
     apr_int32_t untimed;    /* an error page's slot: its service time is not the zone's */
     apr_uint64_t ticket;
     apr_int64_t granted_us; /* monotonic */
@@ -79,6 +81,8 @@ typedef struct {
       "reason=\"workers\"", NULL)                                                       \
     X(rejected_standing, "RejectedStanding", "rejected_standing", "rejected_total",    \
       "reason=\"standing\"", NULL)                                                      \
+    X(rejected_locked, "RejectedLocked", "rejected_locked", "rejected_total",          \
+      "reason=\"locked\"", NULL)                                                        \
     X(aborted, "Aborted", "aborted", "aborted_total", NULL,                            \
       "Waiting requests whose client went away.")                                       \
     X(reclaimed, "Reclaimed", "reclaimed", "reclaimed_total", NULL,                    \
@@ -111,6 +115,8 @@ typedef struct {
     apr_int64_t standing_us; /* codel=: how long the queue has stood; 0: not */
     at_priority_stats_t priority[AT_PRIORITIES]; /* [p - AT_PRIORITY_MIN] */
     apr_uint32_t active, queued, over_cap;
+    int stale; /* the lock was held throughout: only the figures readable
+                  without it (limit, active, queued, queue, totals) are set */
     apr_int64_t timeout_us;
     apr_uint32_t retry_after;
     int dry_run;
@@ -195,6 +201,10 @@ apr_uint32_t at_zone_reclaim(at_zone_t *z);
  * server's parent, which must not hang on a stopped or hung child. */
 apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 
+/* The same for the records of one process, which its parent has seen exit:
+ * only that pid's liveness is read. */
+apr_uint32_t at_zone_reclaim_pid_nowait(at_zone_t *z, apr_int32_t pid);
+
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
 
 /* The few numbers a load balancer is told, read without the zone's lock:
@@ -227,6 +237,7 @@ apr_uint64_t at_typical_service_after(apr_uint64_t typical, apr_int64_t us);
 #ifdef AT_TEST_HOOKS
 /* Fault injection for tests: take the zone lock and never release it. */
 apr_status_t at_zone_debug_take_lock(at_zone_t *z);
+void at_zone_debug_release_lock(at_zone_t *z);
 /* Make the zone's lock unusable for good (ENOTRECOVERABLE). */
 apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 #endif
@@ -236,6 +247,9 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 /* Test builds only: called at each step of a hand-off of a slot, so that a
  * test can end the process there and see what lock repair makes of it. */
 enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL };
+/* Test builds only: how many reclaim passes have looked at the records, and
+ * how many times a request has waited for the zone's lock. */
+extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;
 extern void (*at_test_step_hook)(int where, int step);
 #define AT_STEP(where, n) (at_test_step_hook ? at_test_step_hook(where, n) : (void)0)
 #else

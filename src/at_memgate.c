@@ -2,11 +2,9 @@
  * mem=: the reading of available memory and the ledger of promises.
  */
 #include "at_memgate.h"
-#include "at_log.h"
 #include "at_mem.h"
 #include "at_tuning.h"
 
-#include <syslog.h>
 
 static const char *mem_root = "";
 static apr_int64_t mem_settle_us = AT_MEM_SETTLE_US;
@@ -17,34 +15,52 @@ void at_memgate_set_reading(const char *root, apr_int64_t settle_us)
     mem_settle_us = settle_us >= 0 ? settle_us : AT_MEM_SETTLE_US;
 }
 
-/* A new reading. Whatever memory it shows taken since the last one, plus
- * what ended requests gave back, is taken to be pending promises coming
- * true, so a request is counted once: in the promises until the readings
- * show it, then in the readings. A request's process may give its memory
- * back a moment before the request ends (a CGI exits, then httpd finishes
- * the response): memory that comes back unannounced is remembered, and
- * cancels the credit of the ends that follow, so it is not counted twice
- * as a promise coming true. */
-static void refresh(at_memgate_t *g, apr_int64_t now, apr_uint32_t active,
-                    at_memgate_young_fn young, void *ctx, const char *name)
+/* Outside the zone's lock: whether a reading is due (at most every
+ * AT_MEM_READ_US while there is room, every AT_MEM_REREAD_US while memory
+ * holds requests back), and if so, this caller takes it, alone: the time of
+ * the reading is claimed by compare-and-swap first. The files are read
+ * here, never under the lock: on cgroup v2 under pressure a read can take
+ * milliseconds, and every process of the zone would wait on it. */
+int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r)
 {
-    apr_uint64_t avail, young_bytes;
+    apr_int64_t last = __atomic_load_n(&g->read_us, __ATOMIC_ACQUIRE), age = now - last;
     at_mem_source_t source;
+
+    if (!__atomic_load_n(&g->bytes, __ATOMIC_RELAXED)
+        || !(age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g)))
+        || !__atomic_compare_exchange_n(&g->read_us, &last, now, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+        return 0;
+    }
+    r->ok = at_mem_read(mem_root, &r->avail, &source) == APR_SUCCESS;
+    r->source = (apr_uint32_t)source;
+    return 1;
+}
+
+/* Under the lock: a new reading into the ledger. Whatever memory it shows
+ * taken since the last one, plus what ended requests gave back, is taken to
+ * be pending promises coming true, so a request is counted once: in the
+ * promises until the readings show it, then in the readings. A request's
+ * process may give its memory back a moment before the request ends (a CGI
+ * exits, then httpd finishes the response): memory that comes back
+ * unannounced is remembered, and cancels the credit of the ends that
+ * follow, so it is not counted twice as a promise coming true. Returns 1 if
+ * this is the first reading that failed (for the caller to log, after the
+ * lock). */
+int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now,
+                     apr_uint32_t active, at_memgate_young_fn young, void *ctx)
+{
+    apr_uint64_t young_bytes;
     double seen;
 
-    g->read_us = now;
-    if (at_mem_read(mem_root, &avail, &source) != APR_SUCCESS) {
+    if (!r->ok) {
         /* Unreadable memory must not stop the server: fail open, as for a
-         * broken lock, and say so once. */
-        if (g->read_errors++ == 0) {
-            at_log(LOG_WARNING, "zone %s: cannot read the available memory "
-                   "(/proc/meminfo, memory cgroup); mem= is not enforced", name);
-        }
+         * broken lock. */
         g->source = AT_MEM_UNREAD;
-        return;
+        return g->read_errors++ == 0;
     }
     if (g->source != AT_MEM_UNREAD) {
-        seen = (double)g->avail - (double)avail + (double)g->freed;
+        seen = (double)g->avail - (double)r->avail + (double)g->freed;
         if (seen < 0) {
             g->early_free += (apr_uint64_t)-seen;
         }
@@ -65,33 +81,17 @@ static void refresh(at_memgate_t *g, apr_int64_t now, apr_uint32_t active,
         g->pending = young_bytes; /* older requests are in the reading by now */
     }
     g->freed = 0;
-    g->avail = avail;
-    g->source = source;
+    g->avail = r->avail;
+    g->source = r->source;
+    return 0;
 }
 
-static int estimate_allows(const at_memgate_t *g)
+/* The last reading, less what has been promised to requests the readings
+ * do not show yet, must hold mem=. */
+int at_memgate_estimate(const at_memgate_t *g)
 {
-    return g->source == AT_MEM_UNREAD
+    return !g->bytes || g->source == AT_MEM_UNREAD
            || (g->avail > g->pending && g->avail - g->pending >= g->bytes);
-}
-
-/* The reading, less what has been promised to requests the readings do not
- * show yet, must hold mem=. The reading is taken at most every
- * AT_MEM_READ_US while there is room, and every AT_MEM_REREAD_US while
- * memory holds requests back. */
-int at_memgate_allows(at_memgate_t *g, apr_int64_t now, apr_uint32_t active,
-                      at_memgate_young_fn young, void *ctx, const char *name)
-{
-    apr_int64_t age;
-
-    if (!g->bytes) {
-        return 1;
-    }
-    age = now - g->read_us;
-    if (age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !estimate_allows(g))) {
-        refresh(g, now, active, young, ctx, name);
-    }
-    return estimate_allows(g);
 }
 
 void at_memgate_started(at_memgate_t *g)

@@ -7,10 +7,8 @@
  * queue links are derived from them and rebuilt if a process dies while it
  * holds the lock (zone_repair).
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* qsort_r */
-#endif
 #include "at_zone.h"
+#include "at_layout.h"
 #include "at_owner.h"
 #include "at_limit.h"
 #include "at_retry.h"
@@ -34,14 +32,21 @@
 #include <sys/syscall.h>
 #endif
 
-/* The layout's version: a zone kept across a graceful restart onto a build
- * with another layout is made anew. "ATZ9": the controller's five modes. */
-#define ZONE_MAGIC 0x41545a39u
+/* A zone: "ATZ" and the layout's generation. A zone kept across a restart
+ * onto a build with another layout (zone_layout(), from the structures
+ * themselves) is laid anew. */
+#define ZONE_MAGIC 0x41545a40u
 #define NONE (-1)
 
 /* W_EVICTED: put out of a full queue by a request of higher priority; the
- * record is the waiter's until it wakes and sees it. */
-enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED };
+ * record is the waiter's until it wakes and sees it. W_OVER_CAP: a dry
+ * run's request running beyond the limit, recorded so that its count goes
+ * back when its process dies. A waiter that cannot get the lock by its
+ * deadline leaves without it, by compare-and-swap on its state: W_LEFT (it
+ * was still in the queue), W_GONE (out of the queue: evicted, or granted
+ * and its slot taken, W_TAKEN); the next holder of the lock tidies them. */
+enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED, W_OVER_CAP, W_LEFT, W_GONE, W_TAKEN,
+       W_DROP /* granted, but its waiter's client had gone: the slot goes back */ };
 
 typedef struct {
     at_owner_t owner;       /* pid 0: free */
@@ -50,6 +55,7 @@ typedef struct {
     apr_int32_t next_free;
     apr_int32_t pad;
     at_client_key_t client;
+    unsigned char client_pad[7]; /* shared layouts name their padding */
 } at_slot_t;
 
 typedef struct {
@@ -61,6 +67,7 @@ typedef struct {
     apr_int32_t prev, next; /* queue links; next also links the free list */
     apr_int32_t priority;
     at_client_key_t client;
+    unsigned char client_pad[7];
 } at_waiter_t;
 
 /* A priority's totals, kept in the zone. */
@@ -74,12 +81,15 @@ typedef struct {
 struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;
+    apr_uint32_t pad0;
+    apr_uint64_t layout; /* zone_layout() of the build that laid it */
     apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
     apr_int32_t dry_run;
     apr_uint32_t lock_broken; /* the lock failed for good: requests pass untouched */
     apr_uint32_t reserve;
     apr_int64_t timeout_us;
     char name[AT_ZONE_NAME_MAX + 1];
+    char name_pad[7];
     pthread_mutex_t lock;
 
     apr_uint32_t active, queued;
@@ -104,6 +114,7 @@ struct at_zone {
     at_hist_t wait_win[2], service_win[2];
     apr_int64_t win_start_us;
     apr_int32_t win_cur;
+    apr_int32_t pad1;
 
     apr_size_t slots_off, waiters_off;
     /* per_client: requests in per client; every counted request holds a
@@ -112,6 +123,7 @@ struct at_zone {
 
     /* limit=auto: the controller, and what the current window measured */
     apr_int32_t limit_auto;
+    apr_int32_t pad2;
     at_limit_t ctl;
     at_sensor_t sensor;
 
@@ -125,7 +137,81 @@ struct at_zone {
      * conf_seq is odd while the parent writes conf_pending. */
     apr_uint32_t conf_seq, conf_applied;
     at_zone_conf_t conf_pending;
+    /* records left without the lock since the last tidy (W_LEFT...) */
+    apr_uint32_t left;
+    apr_uint32_t pad3;
 };
+
+/* ---- the layout, for zones kept across restarts ------------------------ */
+
+static const at_field_t slot_fields[] = {
+    AT_FIELD(at_slot_t, owner),     AT_FIELD(at_slot_t, ticket), AT_FIELD(at_slot_t, since_us),
+    AT_FIELD(at_slot_t, next_free), AT_FIELD(at_slot_t, pad),    AT_FIELD(at_slot_t, client),
+    AT_FIELD(at_slot_t, client_pad)};
+
+static const at_field_t waiter_fields[] = {
+    AT_FIELD(at_waiter_t, owner), AT_FIELD(at_waiter_t, ticket),   AT_FIELD(at_waiter_t, wake),
+    AT_FIELD(at_waiter_t, state), AT_FIELD(at_waiter_t, slot),     AT_FIELD(at_waiter_t, prev),
+    AT_FIELD(at_waiter_t, next),  AT_FIELD(at_waiter_t, priority), AT_FIELD(at_waiter_t, client),
+    AT_FIELD(at_waiter_t, client_pad)};
+
+static const at_field_t prio_fields[] = {
+    AT_FIELD(at_priority_totals_t, admitted), AT_FIELD(at_priority_totals_t, rejected),
+    AT_FIELD(at_priority_totals_t, wait)};
+
+static const at_field_t zone_fields[] = {
+    AT_FIELD(at_zone_t, magic),        AT_FIELD(at_zone_t, nslots),
+    AT_FIELD(at_zone_t, nwaiters),     AT_FIELD(at_zone_t, pad0),
+    AT_FIELD(at_zone_t, layout),
+    AT_FIELD(at_zone_t, limit),        AT_FIELD(at_zone_t, queue_cap),
+    AT_FIELD(at_zone_t, retry_after),  AT_FIELD(at_zone_t, retry_after_max),
+    AT_FIELD(at_zone_t, per_client),   AT_FIELD(at_zone_t, dry_run),
+    AT_FIELD(at_zone_t, lock_broken),  AT_FIELD(at_zone_t, reserve),
+    AT_FIELD(at_zone_t, timeout_us),   AT_FIELD(at_zone_t, name),
+    AT_FIELD(at_zone_t, name_pad),     AT_FIELD(at_zone_t, lock),         AT_FIELD(at_zone_t, active),
+    AT_FIELD(at_zone_t, queued),       AT_FIELD(at_zone_t, free_slot),
+    AT_FIELD(at_zone_t, free_waiter),  AT_FIELD(at_zone_t, qhead),
+    AT_FIELD(at_zone_t, qtail),        AT_FIELD(at_zone_t, next_ticket),
+    AT_FIELD(at_zone_t, last_reclaim_us), AT_FIELD(at_zone_t, service_ewma_us),
+    AT_FIELD(at_zone_t, service_med_us), AT_FIELD(at_zone_t, counters),
+    AT_FIELD(at_zone_t, over_cap),     AT_FIELD(at_zone_t, queued_at),
+    AT_FIELD(at_zone_t, prio),         AT_FIELD(at_zone_t, codel),
+    AT_FIELD(at_zone_t, retry),        AT_FIELD(at_zone_t, wait_all),
+    AT_FIELD(at_zone_t, service_all),  AT_FIELD(at_zone_t, wait_win),
+    AT_FIELD(at_zone_t, service_win),  AT_FIELD(at_zone_t, win_start_us),
+    AT_FIELD(at_zone_t, win_cur),      AT_FIELD(at_zone_t, pad1),
+    AT_FIELD(at_zone_t, slots_off),
+    AT_FIELD(at_zone_t, waiters_off),  AT_FIELD(at_zone_t, clients),
+    AT_FIELD(at_zone_t, limit_auto),   AT_FIELD(at_zone_t, pad2),
+    AT_FIELD(at_zone_t, ctl),
+    AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
+    AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
+    AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
+    AT_FIELD(at_zone_t, pad3)};
+
+static const at_record_t zone_records[] = {
+    AT_RECORD(at_zone_t, zone_fields), AT_RECORD(at_slot_t, slot_fields),
+    AT_RECORD(at_waiter_t, waiter_fields), AT_RECORD(at_priority_totals_t, prio_fields)};
+
+const at_record_t *at_zone_layout_records(apr_size_t *n)
+{
+    *n = sizeof(zone_records) / sizeof(zone_records[0]);
+    return zone_records;
+}
+
+/* Every figure of every structure a zone holds, folded once. */
+static apr_uint64_t zone_layout(void)
+{
+    static apr_uint64_t id;
+    apr_size_t n, m;
+
+    if (!id) {
+        const at_record_t *common = at_layout_common(&n), *own = at_zone_layout_records(&m);
+
+        id = at_layout_fold(at_layout_fold(0, common, n), own, m);
+    }
+    return id;
+}
 
 #ifdef AT_TEST_HOOKS
 void (*at_test_step_hook)(int where, int step);
@@ -409,7 +495,47 @@ static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settl
 
 static int mem_allows(at_zone_t *z, apr_int64_t now)
 {
-    return at_memgate_allows(&z->mem, now, z->active, young_requests, z, z->name);
+    (void)now;
+    return at_memgate_estimate(&z->mem);
+}
+
+/* mem=: a reading is taken before the lock (if one is due), applied right
+ * after taking it, and a failure logged after letting it go: no file read
+ * and no log line while every process of the zone may be waiting. */
+typedef struct {
+    int taken, warn;
+    at_mem_reading_t r;
+} mem_read_t;
+
+static void mem_read_before_lock(at_zone_t *z, mem_read_t *m)
+{
+    m->warn = 0;
+    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r);
+}
+
+static void mem_apply_locked(at_zone_t *z, mem_read_t *m)
+{
+    if (m->taken) {
+        m->warn = at_memgate_apply(&z->mem, &m->r, at_now_us(), z->active, young_requests, z);
+        m->taken = 0;
+    }
+}
+
+static void mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
+{
+    if (m->warn) {
+        m->warn = 0;
+        at_log(LOG_WARNING, "zone %s: cannot read the available memory (/proc/meminfo, "
+               "memory cgroup); mem= is not enforced", z->name);
+    }
+}
+
+static void zone_unlock(at_zone_t *z);
+
+static void unlock_after_mem(at_zone_t *z, mem_read_t *m)
+{
+    zone_unlock(z);
+    mem_warn_after_unlock(z, m);
 }
 
 /* ---- priorities (lock held) ------------------------------------------ */
@@ -490,6 +616,21 @@ static void count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int
  * record names its slot before the slot names its owner, and the grant
  * comes last: a process that dies anywhere in between leaves a hand-off
  * that zone_repair completes from the waiter's record. */
+/* Lock held, the record out of the queue: moves a waiting record on,
+ * unless its waiter left without the lock first (then it is W_GONE, for the
+ * tidy, and 0 is returned). */
+static int leave_waiting(at_waiter_t *w, apr_int32_t to)
+{
+    apr_int32_t was = W_WAITING;
+
+    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        return 1;
+    }
+    w->state = W_GONE;
+    return 0;
+}
+
 static void dispatch(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -510,7 +651,10 @@ static void dispatch(at_zone_t *z)
         at_memgate_started(&z->mem);
         __atomic_thread_fence(__ATOMIC_RELEASE);
         AT_STEP(AT_STEP_DISPATCH, 4);
-        w[i].state = W_GRANTED;
+        if (!leave_waiting(&w[i], W_GRANTED)) {
+            slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
+            continue;
+        }
         AT_STEP(AT_STEP_DISPATCH, 5);
         wake_word(&w[i].wake);
     }
@@ -519,15 +663,40 @@ static void dispatch(at_zone_t *z)
 /* ---- the lock -------------------------------------------------------- */
 
 /* Queue order: higher priority first, then arrival. */
-static int cmp_queue_order(const void *a, const void *b, void *wv)
+static int queue_before(const at_waiter_t *a, const at_waiter_t *b)
 {
-    const at_waiter_t *wa = &((const at_waiter_t *)wv)[*(const apr_int32_t *)a];
-    const at_waiter_t *wb = &((const at_waiter_t *)wv)[*(const apr_int32_t *)b];
-
-    if (wa->priority != wb->priority) {
-        return wa->priority > wb->priority ? -1 : 1;
+    if (a->priority != b->priority) {
+        return a->priority > b->priority;
     }
-    return wa->ticket < wb->ticket ? -1 : wa->ticket > wb->ticket;
+    return a->ticket < b->ticket;
+}
+
+/* Sorts n records linked by next (ending in NONE) into queue order, in
+ * place: repair runs when memory may be short and must not allocate. */
+static apr_int32_t sort_waiting(at_waiter_t *w, apr_int32_t head, apr_uint32_t n)
+{
+    apr_int32_t mid = head, before = NONE, out = NONE, *tail = &out;
+    apr_uint32_t i;
+
+    if (n < 2) {
+        return head;
+    }
+    for (i = 0; i < n / 2; i++) {
+        before = mid;
+        mid = w[mid].next;
+    }
+    w[before].next = NONE;
+    head = sort_waiting(w, head, n / 2);
+    mid = sort_waiting(w, mid, n - n / 2);
+    while (head != NONE && mid != NONE) {
+        apr_int32_t *from = queue_before(&w[mid], &w[head]) ? &mid : &head;
+
+        *tail = *from;
+        tail = &w[*from].next;
+        *from = w[*from].next;
+    }
+    *tail = head != NONE ? head : mid;
+    return out;
 }
 
 /* A hand-off that a dying process started: the waiter's record names the
@@ -552,8 +721,8 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
 static void zone_repair(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
-    apr_int32_t *order = malloc(sizeof(*order) * (z->nwaiters + 1));
     apr_int64_t now = at_now_us();
+    apr_int32_t waiting = NONE, next;
     apr_uint32_t i, n = 0;
 
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -568,25 +737,26 @@ static void zone_repair(at_zone_t *z)
     note_change(z);
     z->queued = 0;
     memset(z->queued_at, 0, sizeof(z->queued_at));
+    z->over_cap = 0;
     for (i = z->nwaiters; i-- > 0;) {
         if (w[i].state == W_WAITING) {
-            if (order) {
-                order[n++] = (apr_int32_t)i;
-            }
-            else {
-                w[i].state = W_FREE; /* no memory to order them: give up the place */
-            }
+            w[i].next = waiting;
+            waiting = (apr_int32_t)i;
+            n++;
         }
-        if (w[i].state == W_FREE) {
+        else if (w[i].state == W_FREE) {
             waiter_free(z, (apr_int32_t)i);
         }
-    }
-    if (order) {
-        qsort_r(order, n, sizeof(*order), cmp_queue_order, w);
-        for (i = 0; i < n; i++) {
-            queue_push(z, order[i]);
+        else if (w[i].state == W_OVER_CAP) {
+            z->over_cap++;
         }
-        free(order);
+        else if (w[i].state == W_LEFT) {
+            w[i].state = W_GONE; /* the queue is rebuilt without it */
+        }
+    }
+    for (waiting = sort_waiting(w, waiting, n); waiting != NONE; waiting = next) {
+        next = w[waiting].next;
+        queue_push(z, waiting);
     }
     rebuild_client_counts(z);
     z->counters.lock_repairs++;
@@ -602,7 +772,7 @@ static int zone_lock_result(at_zone_t *z, int rc)
              "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
         return 0;
     }
-    if (rc != 0 && rc != EBUSY) {
+    if (rc != 0 && rc != EBUSY && rc != ETIMEDOUT) {
         at_log(LOG_ERR, "zone %s: cannot take the lock: %s", z->name, strerror(rc));
         apr_atomic_set32(&z->lock_broken, 1);
     }
@@ -611,16 +781,53 @@ static int zone_lock_result(at_zone_t *z, int rc)
 
 static void apply_published_conf(at_zone_t *z);
 
+/* Lock held: frees the records whose waiters left without the lock. */
+static void tidy_left(at_zone_t *z)
+{
+    at_waiter_t *w = waiters(z);
+
+    for (apr_uint32_t i = 0; i < z->nwaiters; i++) {
+        apr_int32_t st = __atomic_load_n(&w[i].state, __ATOMIC_ACQUIRE);
+
+        if (st == W_LEFT) {
+            waiter_leave_queue(z, (apr_int32_t)i);
+        }
+        else if (st == W_TAKEN) {
+            z->counters.admitted++; /* the slot is its waiter's */
+        }
+        else if (st == W_DROP) {
+            slot_put(z, w[i].slot);
+            z->counters.aborted++;
+        }
+        else if (st != W_GONE) {
+            continue;
+        }
+        waiter_free(z, (apr_int32_t)i);
+    }
+    dispatch(z);
+}
+
 static int locked(at_zone_t *z, int rc)
 {
     if (rc == 0) {
+        if (__atomic_exchange_n(&z->left, 0, __ATOMIC_ACQ_REL)) {
+            tidy_left(z);
+        }
         apply_published_conf(z);
     }
     return rc;
 }
 
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_lock_count;
+#define COUNT_LOCK() __atomic_add_fetch(&at_test_lock_count, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_LOCK() ((void)0)
+#endif
+
 static int zone_lock(at_zone_t *z)
 {
+    COUNT_LOCK();
     return locked(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
 }
 
@@ -629,6 +836,39 @@ static int zone_lock(at_zone_t *z)
 static int zone_trylock(at_zone_t *z)
 {
     return locked(z, zone_lock_result(z, pthread_mutex_trylock(&z->lock)));
+}
+
+/* Waits for the lock until the monotonic time until_us (at_now_us's clock):
+ * ETIMEDOUT past it. A request never waits for the lock longer than it may
+ * wait at all, whatever the holder is doing (stopped, in a debugger, frozen
+ * with its cgroup). */
+static int zone_lock_until(at_zone_t *z, apr_int64_t until_us)
+{
+    struct timespec ts;
+    int rc;
+
+    COUNT_LOCK();
+    ts.tv_sec = (time_t)(until_us / 1000000);
+    ts.tv_nsec = (long)(until_us % 1000000) * 1000;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+    rc = pthread_mutex_clocklock(&z->lock, CLOCK_MONOTONIC, &ts);
+#else
+    {
+        struct timespec real;
+        apr_int64_t left = until_us - at_now_us();
+
+        clock_gettime(CLOCK_REALTIME, &real);
+        left = left > 0 ? left : 0;
+        ts.tv_sec = real.tv_sec + (time_t)(left / 1000000);
+        ts.tv_nsec = real.tv_nsec + (long)(left % 1000000) * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        rc = pthread_mutex_timedlock(&z->lock, &ts);
+    }
+#endif
+    return locked(z, zone_lock_result(z, rc));
 }
 
 static void zone_unlock(at_zone_t *z)
@@ -721,14 +961,19 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     for (apr_int32_t i = (apr_int32_t)z->nwaiters - 1; i >= 0; i--) {
         waiter_free(z, i);
     }
+    z->layout = zone_layout();
     z->magic = ZONE_MAGIC;
     at_owner_self(); /* so children forked from here refresh their identity */
     return APR_SUCCESS;
 }
 
+/* A zone laid by a build of another layout, or whose lock is broken for
+ * good, is never kept: the caller lays a new one. */
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
 {
-    return z->magic == ZONE_MAGIC && at_conf_highest_limit(c) <= z->nslots
+    return z->magic == ZONE_MAGIC && z->layout == zone_layout()
+           && !apr_atomic_read32((volatile apr_uint32_t *)&z->lock_broken)
+           && at_conf_highest_limit(c) <= z->nslots
            && waiter_records(z->nslots, c->queue) <= z->nwaiters;
 }
 
@@ -779,26 +1024,48 @@ apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
 
 /* ---- reclaim ---------------------------------------------------------- */
 
+/* The owners of a zone's records, copied under the lock in one pass (no
+ * search there), then sorted and made unique outside it, so that a reclaim
+ * costs the lock O(records log owners) however many records there are. */
 typedef struct {
     at_owner_t *v;
     apr_uint32_t n, cap;
 } owner_set_t;
 
-static int owner_set_has(const owner_set_t *set, const at_owner_t *o)
+static int cmp_owner(const void *a, const void *b)
 {
-    for (apr_uint32_t i = 0; i < set->n; i++) {
-        if (at_owner_same(&set->v[i], o)) {
-            return 1;
-        }
+    const at_owner_t *x = a, *y = b;
+
+    if (x->pid != y->pid) {
+        return x->pid < y->pid ? -1 : 1;
     }
-    return 0;
+    return x->start < y->start ? -1 : x->start > y->start;
 }
 
-static void owner_set_add(owner_set_t *set, const at_owner_t *o)
+static void owner_set_add(owner_set_t *set, const at_owner_t *o, apr_int32_t only_pid)
 {
-    if (o->pid != 0 && set->n < set->cap && !owner_set_has(set, o)) {
+    if (o->pid != 0 && (!only_pid || o->pid == only_pid) && set->n < set->cap) {
         set->v[set->n++] = *o;
     }
+}
+
+static void owner_set_sort_unique(owner_set_t *set)
+{
+    apr_uint32_t i, n = 0;
+
+    qsort(set->v, set->n, sizeof(*set->v), cmp_owner);
+    for (i = 0; i < set->n; i++) {
+        if (n == 0 || !at_owner_same(&set->v[n - 1], &set->v[i])) {
+            set->v[n++] = set->v[i];
+        }
+    }
+    set->n = n;
+}
+
+static int owner_set_has(const owner_set_t *set, const at_owner_t *o)
+{
+    return o->pid != 0 && set->n
+           && bsearch(o, set->v, set->n, sizeof(*set->v), cmp_owner) != NULL;
 }
 
 static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
@@ -811,15 +1078,18 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
         if (w[i].state == W_FREE || !owner_set_has(dead, &w[i].owner)) {
             continue;
         }
-        if (w[i].state == W_WAITING) {
+        if (w[i].state == W_WAITING || w[i].state == W_LEFT) {
             waiter_leave_queue(z, (apr_int32_t)i);
+        }
+        else if (w[i].state == W_OVER_CAP) {
+            z->over_cap--;
         }
         /* A granted place's slot has the same dead owner: freed below. */
         waiter_free(z, (apr_int32_t)i);
         n++;
     }
     for (i = 0; i < z->nslots; i++) {
-        if (s[i].owner.pid != 0 && owner_set_has(dead, &s[i].owner)) {
+        if (owner_set_has(dead, &s[i].owner)) {
             slot_put(z, (apr_int32_t)i);
             n++;
         }
@@ -829,39 +1099,61 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
     return n;
 }
 
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_reclaim_passes;
+#define COUNT_RECLAIM_PASS() __atomic_add_fetch(&at_test_reclaim_passes, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_RECLAIM_PASS() ((void)0)
+#endif
+
 /* Liveness is read from /proc outside the lock: collect the owners under the
- * lock, test them without it, then drop the dead ones' records. */
-static apr_uint32_t zone_reclaim(at_zone_t *z, int (*lock)(at_zone_t *))
+ * lock, test them without it, then drop the dead ones' records. only_pid:
+ * the records of that process alone (its parent saw it exit), or 0. */
+/* until_us: RECLAIM_TRY (the parent: only if the lock is free), or how
+ * long a request may wait for the lock. */
+#define RECLAIM_TRY (-1)
+
+static int reclaim_lock(at_zone_t *z, apr_int64_t until_us)
+{
+    return until_us == RECLAIM_TRY ? zone_trylock(z) : zone_lock_until(z, until_us);
+}
+
+static apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid)
 {
     owner_set_t all, dead;
     apr_uint32_t i, n = 0;
 
-    all.cap = dead.cap = z->nslots + z->nwaiters;
+    all.cap = z->nslots + z->nwaiters;
     all.n = dead.n = 0;
     all.v = malloc(sizeof(at_owner_t) * (all.cap + 1));
-    dead.v = malloc(sizeof(at_owner_t) * (dead.cap + 1));
-    if (!all.v || !dead.v || lock(z) != 0) {
+    if (!all.v || reclaim_lock(z, until_us) != 0) {
         free(all.v);
-        free(dead.v);
         return 0;
     }
-    z->last_reclaim_us = at_now_us();
+    COUNT_RECLAIM_PASS();
+    if (!only_pid) {
+        z->last_reclaim_us = at_now_us();
+    }
     for (i = 0; i < z->nslots; i++) {
-        owner_set_add(&all, &slots(z)[i].owner);
+        owner_set_add(&all, &slots(z)[i].owner, only_pid);
     }
     for (i = 0; i < z->nwaiters; i++) {
         if (waiters(z)[i].state != W_FREE) {
-            owner_set_add(&all, &waiters(z)[i].owner);
+            owner_set_add(&all, &waiters(z)[i].owner, only_pid);
         }
     }
     zone_unlock(z);
 
+    owner_set_sort_unique(&all);
+    /* the dead, in place at the front: still sorted */
+    dead.v = all.v;
+    dead.cap = all.n;
     for (i = 0; i < all.n; i++) {
         if (!at_owner_alive(&all.v[i])) {
-            owner_set_add(&dead, &all.v[i]);
+            dead.v[dead.n++] = all.v[i];
         }
     }
-    if (dead.n && lock(z) == 0) {
+    if (dead.n && reclaim_lock(z, until_us) == 0) {
         n = drop_dead_owners(z, &dead);
         zone_unlock(z);
         for (i = 0; i < dead.n; i++) {
@@ -870,23 +1162,36 @@ static apr_uint32_t zone_reclaim(at_zone_t *z, int (*lock)(at_zone_t *))
         }
     }
     free(all.v);
-    free(dead.v);
     return n;
 }
 
+/* A day: as long as it takes. */
+#define NO_DEADLINE_US (86400LL * 1000000)
+
 apr_uint32_t at_zone_reclaim(at_zone_t *z)
 {
-    return zone_reclaim(z, zone_lock);
+    return zone_reclaim(z, at_now_us() + NO_DEADLINE_US, 0);
 }
 
 apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z)
 {
-    return zone_reclaim(z, zone_trylock);
+    return zone_reclaim(z, RECLAIM_TRY, 0);
 }
 
-static int reclaim_due(at_zone_t *z, apr_int64_t now)
+apr_uint32_t at_zone_reclaim_pid_nowait(at_zone_t *z, apr_int32_t pid)
 {
-    return now - z->last_reclaim_us >= AT_RECLAIM_INTERVAL_US;
+    return pid > 0 ? zone_reclaim(z, RECLAIM_TRY, pid) : 0;
+}
+
+/* Lock held. A reclaim is due every AT_RECLAIM_INTERVAL_US; the caller
+ * that finds it due takes it, so that waiters do not reclaim side by side. */
+static int take_reclaim_if_due(at_zone_t *z, apr_int64_t now)
+{
+    if (now - z->last_reclaim_us < AT_RECLAIM_INTERVAL_US) {
+        return 0;
+    }
+    z->last_reclaim_us = now;
+    return 1;
 }
 
 /* ---- acquire and release --------------------------------------------- */
@@ -1009,16 +1314,48 @@ static void grant_now(at_zone_t *z, at_ticket_t *t, const at_owner_t *self,
 
 /* Dry run: the request runs at once, over the cap. Those running over the
  * cap stand in for the queue: with the queue's room taken, it would have
- * been refused. */
+ * been refused. Each holds a record while there is one free, so that a
+ * process that dies running over the cap is reclaimed like any other; the
+ * count is of those records. */
 static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
 {
-    t->over_cap = 1;
-    if (z->over_cap++ < z->queue_cap && !would_refuse) {
+    apr_int32_t wi = z->free_waiter;
+    int room = z->over_cap < z->queue_cap;
+
+    t->over_cap = -1; /* running over the cap, on no record */
+    if (wi != NONE) {
+        at_waiter_t *w = &waiters(z)[wi];
+
+        z->free_waiter = w->next;
+        w->owner = *at_owner_self();
+        w->ticket = t->ticket;
+        w->slot = NONE;
+        w->state = W_OVER_CAP;
+        z->over_cap++;
+        t->over_cap = wi + 1;
+    }
+    if (room && wi != NONE && !would_refuse) {
         z->counters.dry_run_queued++;
         return AT_DRY_RUN_QUEUED;
     }
     z->counters.dry_run_rejected++;
     return AT_DRY_RUN_REJECTED;
+}
+
+/* Lock held: gives back what run_over_cap took, unless a reclaim has. */
+static void end_over_cap(at_zone_t *z, at_ticket_t *t)
+{
+    at_waiter_t *w;
+
+    if (t->over_cap > 0 && (apr_uint32_t)t->over_cap <= z->nwaiters) {
+        w = &waiters(z)[t->over_cap - 1];
+        if (w->state == W_OVER_CAP && w->ticket == t->ticket
+            && at_owner_same(&w->owner, at_owner_self())) {
+            waiter_free(z, t->over_cap - 1);
+            z->over_cap--;
+        }
+    }
+    t->over_cap = 0;
 }
 
 static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
@@ -1057,6 +1394,80 @@ static at_result_t give_up_waiting(at_zone_t *z, apr_int32_t wi, at_result_t why
     return why;
 }
 
+/* The lock could not be had in time (ETIMEDOUT), or not at all. Counted
+ * without the lock, by atomic increments only. */
+static at_result_t lock_refusal(at_zone_t *z, int rc)
+{
+    if (rc != ETIMEDOUT) {
+        return AT_ERROR;
+    }
+    __atomic_add_fetch(&z->counters.rejected_locked, 1, __ATOMIC_RELAXED);
+    return AT_REJECTED_LOCKED;
+}
+
+/* A waiter whose deadline passed while another process held the lock
+ * leaves without it, by compare-and-swap on its record's state: still
+ * queued (refused), granted meanwhile (it keeps the slot: the hand-off is
+ * done), or evicted (refused). The next holder of the lock tidies up. */
+static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t *t,
+                                      at_result_t refused)
+{
+    apr_int32_t keep = refused == AT_ABORTED ? W_DROP : W_TAKEN;
+    apr_int32_t st = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE);
+    apr_int32_t to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
+
+    while (!__atomic_compare_exchange_n(&w->state, &st, to, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+        to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
+    }
+    __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
+    if (to == W_TAKEN) {
+        t->slot = w->slot;
+        t->granted_us = at_now_us();
+        return AT_QUEUED;
+    }
+    if (refused != AT_ABORTED) {
+        __atomic_add_fetch(&z->counters.rejected_locked, 1, __ATOMIC_RELAXED);
+    }
+    return refused;
+}
+
+/* A waiter sleeps without the lock until something it must act on under the
+ * lock may have happened: a hand-off or eviction (its wake word moves; the
+ * state is published before it), its deadline (CoDel's, read here as a
+ * hint: the lock decides), a reclaim falling due, or, at the head of a queue
+ * held back by memory, a slice gone by. 1 if its client has gone. */
+static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
+                         apr_int64_t start, apr_int64_t full_deadline,
+                         at_abort_fn abort_fn, void *ctx)
+{
+    for (;;) {
+        apr_int64_t now, deadline, slice;
+        int head;
+
+        if (abort_fn && abort_fn(ctx)) {
+            return 1;
+        }
+        now = at_now_us();
+        deadline = at_codel_deadline(&z->codel, start, full_deadline, now,
+                                     __atomic_load_n(&z->service_med_us, __ATOMIC_RELAXED));
+        /* The head of the queue looks for the dead every interval, the
+         * others every fourth, in case the head is the one that died. */
+        head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED) == wi;
+        if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
+            || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING
+            || now - __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED)
+                   >= AT_RECLAIM_INTERVAL_US * (head ? 1 : 4)) {
+            return 0;
+        }
+        slice = deadline - now < AT_WAIT_SLICE_US ? deadline - now : AT_WAIT_SLICE_US;
+        sleep_on_word(&w->wake, seen, slice);
+        if (z->mem.bytes && head) {
+            return 0; /* memory frees without anyone releasing a slot */
+        }
+    }
+}
+
 static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                                  apr_int64_t start, apr_int64_t timeout_us,
                                  at_abort_fn abort_fn, void *ctx)
@@ -1067,11 +1478,15 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     for (;;) {
         apr_int64_t now;
         apr_uint32_t seen;
-        int gave_up = 0, do_reclaim;
+        int gave_up = 0, do_reclaim, rc;
+        mem_read_t m;
 
-        if (zone_lock(z) != 0) {
-            return AT_ERROR;
+        mem_read_before_lock(z, &m);
+        if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+            return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_REJECTED_LOCKED)
+                                   : AT_ERROR;
         }
+        mem_apply_locked(z, &m);
         now = at_now_us();
         if (z->mem.bytes && z->qhead == wi) {
             dispatch(z); /* memory frees without anyone releasing a slot */
@@ -1083,7 +1498,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             record_wait(z, now - start, now);
             count_grant(z, w->priority, now - start, now);
             waiter_free(z, wi);
-            zone_unlock(z);
+            unlock_after_mem(z, &m);
             return AT_QUEUED;
         }
         if (w->state == W_EVICTED) {
@@ -1091,7 +1506,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             at_sensor_refused(&z->sensor);
             z->counters.rejected_full++;
             waiter_free(z, wi);
-            zone_unlock(z);
+            unlock_after_mem(z, &m);
             return AT_REJECTED_FULL;
         }
         deadline =
@@ -1101,23 +1516,21 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                 z, wi,
                 deadline < full_deadline ? AT_REJECTED_STANDING : AT_REJECTED_TIMEOUT,
                 now);
-            zone_unlock(z);
+            unlock_after_mem(z, &m);
             return r;
         }
         seen = __atomic_load_n(&w->wake, __ATOMIC_SEQ_CST);
-        do_reclaim = reclaim_due(z, now);
-        zone_unlock(z);
+        do_reclaim = take_reclaim_if_due(z, now);
+        unlock_after_mem(z, &m);
 
         if (do_reclaim) {
-            at_zone_reclaim(z);
+            zone_reclaim(z, full_deadline, 0);
             continue;
         }
-        if (abort_fn && abort_fn(ctx)) {
-            gave_up = 1;
-        }
+        gave_up = wait_unlocked(z, w, wi, seen, start, full_deadline, abort_fn, ctx);
         if (gave_up) {
-            if (zone_lock(z) != 0) {
-                return AT_ERROR;
+            if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+                return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_ABORTED) : AT_ERROR;
             }
             if (w->state == W_GRANTED) {
                 slot_put(z, w->slot); /* granted as the client left */
@@ -1131,10 +1544,6 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             zone_unlock(z);
             return AT_ABORTED;
         }
-        now = at_now_us();
-        sleep_on_word(&w->wake, seen,
-                      deadline - now < AT_WAIT_SLICE_US ? deadline - now
-                                                        : AT_WAIT_SLICE_US);
     }
 }
 
@@ -1210,8 +1619,9 @@ static int evict_for(at_zone_t *z, int priority)
         return 0;
     }
     waiter_leave_queue(z, i);
-    w[i].state = W_EVICTED;
-    wake_word(&w[i].wake);
+    if (leave_waiting(&w[i], W_EVICTED)) {
+        wake_word(&w[i].wake);
+    }
     return 1;
 }
 
@@ -1238,32 +1648,38 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
     at_request_t rq = *req;
     apr_int32_t wi;
     at_result_t r;
+    mem_read_t m;
+    int rc;
 
     ticket_clear(t, 0);
-    if (zone_lock(z) != 0) {
-        return AT_ERROR;
+    settle_request(&rq, z); /* reads the zone's timeout without the lock */
+    mem_read_before_lock(z, &m);
+    if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
+        t->wait_us = at_now_us() - start;
+        return lock_refusal(z, rc);
     }
-    settle_request(&rq, z);
+    mem_apply_locked(z, &m);
     t->ticket = ++z->next_ticket;
     t->queue_depth = queued_ahead(z, rq.priority);
     if (!slot_free_for_newcomer(z, rq.priority) && z->active >= z->limit &&
-        reclaim_due(z, start)) {
-        zone_unlock(z);
-        at_zone_reclaim(z); /* a full zone may be full of the dead */
-        if (zone_lock(z) != 0) {
-            return AT_ERROR;
+        take_reclaim_if_due(z, start)) {
+        unlock_after_mem(z, &m);
+        zone_reclaim(z, start + rq.timeout_us, 0); /* a full zone may be full of the dead */
+        if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
+            t->wait_us = at_now_us() - start;
+            return lock_refusal(z, rc);
         }
     }
     if (client_at_quota(z, rq.client)) {
         r = z->dry_run ? run_over_cap(z, t, 1) /* the client was over its share */
                        : refuse_newcomer(z, &rq, AT_REJECTED_CLIENT,
                                          &z->counters.rejected_client, start);
-        zone_unlock(z);
+        unlock_after_mem(z, &m);
         return r;
     }
     if (can_run_now(z, rq.priority, start)) {
         grant_now(z, t, at_owner_self(), &rq, start);
-        zone_unlock(z);
+        unlock_after_mem(z, &m);
         return AT_ADMITTED;
     }
     if (slot_free_for_newcomer(z, rq.priority)) {
@@ -1286,12 +1702,12 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
     }
     else {
         wi = enqueue(z, t, &rq);
-        zone_unlock(z);
+        unlock_after_mem(z, &m);
         r = wait_for_slot(z, t, wi, start, rq.timeout_us, abort_fn, ctx);
         t->wait_us = at_now_us() - start;
         return r;
     }
-    zone_unlock(z);
+    unlock_after_mem(z, &m);
     return r;
 }
 
@@ -1309,10 +1725,11 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
     static const at_client_key_t nobody;
     apr_int64_t now = at_now_us();
     at_result_t r = AT_REJECTED_FULL;
+    int rc;
 
     ticket_clear(t, 1);
-    if (zone_lock(z) != 0) {
-        return AT_ERROR;
+    if ((rc = zone_lock_until(z, now + AT_GLANCE_LOCK_US)) != 0) {
+        return lock_refusal(z, rc);
     }
     t->ticket = ++z->next_ticket;
     if (can_run_now(z, 0, now)) {
@@ -1332,14 +1749,19 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
     apr_int64_t service = -1, now;
     at_slot_t *s;
+    mem_read_t m;
 
-    if ((t->slot == NONE && !t->over_cap) || zone_lock(z) != 0) {
+    if (t->slot == NONE && !t->over_cap) {
         return -1;
     }
+    mem_read_before_lock(z, &m);
+    if (zone_lock(z) != 0) {
+        return -1;
+    }
+    mem_apply_locked(z, &m);
     if (t->over_cap) {
-        t->over_cap = 0;
-        z->over_cap--;
-        zone_unlock(z);
+        end_over_cap(z, t);
+        unlock_after_mem(z, &m);
         return -1;
     }
     s = &slots(z)[t->slot];
@@ -1357,7 +1779,7 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         }
         dispatch(z);
     }
-    zone_unlock(z);
+    unlock_after_mem(z, &m);
     t->slot = NONE;
     return service;
 }
@@ -1373,15 +1795,38 @@ void at_zone_glance(at_zone_t *z, at_zone_glance_t *g)
     g->broken = apr_atomic_read32(&z->lock_broken) != 0;
 }
 
+/* The lock is held by a process that does not let go (stopped, in a
+ * debugger): the figures a reader can take whole without it, marked stale. */
+static void stats_without_lock(at_zone_t *z, at_zone_stats_t *o)
+{
+    at_zone_glance_t g;
+
+    at_zone_glance(z, &g);
+    o->stale = 1;
+    o->limit = g.limit;
+    o->active = g.active;
+    o->queued = g.queued;
+    o->queue_cap = g.queue_cap;
+    o->nslots = z->nslots;
+    o->nwaiters = z->nwaiters - z->nslots;
+#define AT_COUNTER_COPY(field, ...) o->counters.field = __atomic_load_n(&z->counters.field, __ATOMIC_RELAXED);
+    AT_ZONE_COUNTERS(AT_COUNTER_COPY)
+#undef AT_COUNTER_COPY
+}
+
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
 {
     apr_int64_t now = at_now_us(), oldest = 0;
     apr_uint32_t i;
+    mem_read_t m;
 
     memset(o, 0, sizeof(*o));
-    if (zone_lock(z) != 0) {
+    mem_read_before_lock(z, &m); /* a reading no older than a request would use */
+    if (zone_lock_until(z, now + AT_GLANCE_LOCK_US) != 0) {
+        stats_without_lock(z, o);
         return;
     }
+    mem_apply_locked(z, &m);
     o->limit = z->limit;
     o->queue_cap = z->queue_cap;
     o->reserve = z->reserve;
@@ -1431,7 +1876,6 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     }
     o->oldest_us = oldest;
     if (z->mem.bytes) {
-        mem_allows(z, now); /* a reading no older than a request would use */
         o->mem_bytes = z->mem.bytes;
         o->mem_avail = z->mem.avail;
         o->mem_source = (int)z->mem.source;
@@ -1441,6 +1885,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->mem_held = z->mem.held;
     o->mem_read_errors = z->mem.read_errors;
     zone_unlock(z);
+    mem_warn_after_unlock(z, &m);
 }
 
 apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
@@ -1485,6 +1930,11 @@ apr_uint32_t at_zone_retry_after(at_zone_t *z)
 apr_status_t at_zone_debug_take_lock(at_zone_t *z)
 {
     return zone_lock(z) == 0 ? APR_SUCCESS : APR_EGENERAL;
+}
+
+void at_zone_debug_release_lock(at_zone_t *z)
+{
+    zone_unlock(z);
 }
 
 apr_status_t at_zone_debug_break_lock(at_zone_t *z)

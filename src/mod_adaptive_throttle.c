@@ -469,8 +469,10 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
         }
         else {
             if (z) {
-                ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: grown beyond its "
-                             "shared memory; starting it anew", ref->name);
+                ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: its shared memory "
+                             "cannot be kept (the zone grew beyond it, a build of "
+                             "another layout laid it, or its lock is broken); starting "
+                             "it anew", ref->name);
             }
             if (!(z = zone_create(s, ref))) {
                 return HTTP_INTERNAL_SERVER_ERROR;
@@ -487,7 +489,8 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
     return OK;
 }
 
-static void reclaim_all(void)
+/* pid 0: every dead owner; else the records of that process alone. */
+static void reclaim_dead(pid_t pid)
 {
     apr_hash_index_t *hi;
 
@@ -495,7 +498,12 @@ static void reclaim_all(void)
         return;
     }
     for (hi = apr_hash_first(NULL, retained->zones); hi; hi = apr_hash_next(hi)) {
-        at_zone_reclaim_nowait(apr_hash_this_val(hi));
+        if (pid > 0) {
+            at_zone_reclaim_pid_nowait(apr_hash_this_val(hi), (apr_int32_t)pid);
+        }
+        else {
+            at_zone_reclaim_nowait(apr_hash_this_val(hi));
+        }
     }
 }
 
@@ -504,11 +512,10 @@ static void throttle_child_status(server_rec *s, pid_t pid, ap_generation_t gen,
                                   int slot, mpm_child_status status)
 {
     (void)s;
-    (void)pid;
     (void)gen;
     (void)slot;
     if (status == MPM_CHILD_EXITED) {
-        reclaim_all();
+        reclaim_dead(pid);
     }
 }
 
@@ -516,7 +523,7 @@ static int throttle_monitor(apr_pool_t *p, server_rec *s)
 {
     (void)p;
     (void)s;
-    reclaim_all();
+    reclaim_dead(0);
     return DECLINED;
 }
 
@@ -652,6 +659,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_PREDICTED: return "rejected-predicted";
     case AT_REJECTED_WORKERS: return "rejected-workers";
     case AT_REJECTED_STANDING: return "rejected-standing";
+    case AT_REJECTED_LOCKED: return "rejected-locked";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -688,6 +696,7 @@ static int run_error_page(request_rec *r, dir_conf_t *d, const req_state_t *refu
         hold_slot(r, st);
         return DECLINED;
     case AT_REJECTED_FULL:
+    case AT_REJECTED_LOCKED:
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "zone %s: error page %s not run "
                       "for a request refused by zone %s: no slot free at once; httpd's "
                       "own 503 page is sent instead", ref->name, r->uri, refused->ref->name);
@@ -790,6 +799,7 @@ static int throttle_handler(request_rec *r)
     case AT_REJECTED_PREDICTED:
     case AT_REJECTED_WORKERS:
     case AT_REJECTED_STANDING:
+    case AT_REJECTED_LOCKED:
         st->refused = 1;
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));

@@ -221,7 +221,7 @@ static int life_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *pte
     if (!retained) {
         retained = ap_retained_data_create(LIFE_RETAINED_KEY, sizeof(*retained));
     }
-    if (retained->table && retained->capacity >= cap) {
+    if (retained->table && retained->capacity >= cap && at_life_can_hold(retained->table, cap)) {
         return OK; /* the sequence of draws goes on across restarts */
     }
     if (apr_shm_create(&shm, at_life_size(cap), NULL, s->process->pool) != APR_SUCCESS) {

@@ -44,7 +44,7 @@ typedef struct {
 
 enum {
     F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_LIMIT_MAX_FROM, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
-    F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
+    F_STALE, F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
     F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
     F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
     F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_MODE, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
@@ -69,6 +69,7 @@ static const field_t fields[NFIELDS] = {
     {"Queued", "queued", "queued", NULL, GAUGE, "Requests waiting for a slot now.", ALWAYS},
     {"QueueCapacity", "queue_capacity", "queue_capacity", NULL, GAUGE, "Requests allowed to wait.", ALWAYS},
     {"TimeoutMs", "timeout_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
+    {"Stale", "stale", "stale", NULL, GAUGE, "1 if the zone's lock was held throughout the read (a stopped or hung process): only limit, active, queued, queue capacity and the totals are current.", ALWAYS},
     {"DryRun", "dry_run", "dry_run", NULL, GAUGE, "1 if the zone only decides and counts (dry_run=on).", ALWAYS},
     {"OverCap", "over_cap", "over_cap", NULL, GAUGE, "Dry run: requests running beyond the limit now.", ALWAYS},
     {"OldestRunningMs", "oldest_running_ms", NULL, NULL, GAUGE, NULL, ALWAYS},
@@ -138,6 +139,7 @@ static void fill_values(zone_view_t *z)
     v[F_QUEUED] = s->queued;
     v[F_QUEUE_CAP] = s->queue_cap;
     v[F_TIMEOUT] = ms(s->timeout_us);
+    v[F_STALE] = s->stale;
     v[F_DRY_RUN] = s->dry_run;
     v[F_OVER_CAP] = s->over_cap;
     v[F_OLDEST] = ms(s->oldest_us);

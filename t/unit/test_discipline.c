@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "at_codel.h"
@@ -49,8 +50,10 @@ static void *request_thread(void *p)
 }
 
 /* Queue n requests behind a held slot, one at a time so that their arrival
- * order is known, release the slot and return the order they ran in. */
-static void run_in_queue(at_zone_t *z, const int *prio, int n, int *order)
+ * order is known, release the slot and return the order they ran in. With
+ * repair, a process dies holding the zone's lock first, so the queue is
+ * rebuilt from its records before the slot is released. */
+static void run_in_queue_after(at_zone_t *z, const int *prio, int n, int *order, int repair)
 {
     pthread_t th[32];
     req_arg_t a[32];
@@ -64,6 +67,17 @@ static void run_in_queue(at_zone_t *z, const int *prio, int n, int *order)
         pthread_create(&th[i], NULL, request_thread, &a[i]);
         wait_until_queued(z, (apr_uint32_t)i + 1);
     }
+    if (repair) {
+        pid_t pid = fork();
+
+        if (pid == 0) {
+            at_zone_debug_take_lock(z);
+            _exit(0);
+        }
+        waitpid(pid, NULL, 0);
+        assert_int_equal(queued_now(z), (apr_uint32_t)n); /* rebuilt as it was */
+        assert_int_equal(stats_of(z).counters.lock_repairs, 1);
+    }
     at_zone_release(z, &hold);
     for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
@@ -71,18 +85,39 @@ static void run_in_queue(at_zone_t *z, const int *prio, int n, int *order)
     }
 }
 
+static void run_in_queue(at_zone_t *z, const int *prio, int n, int *order)
+{
+    run_in_queue_after(z, prio, n, order, 0);
+}
+
+enum { ORDER_N = 8 };
+static const int order_prio[ORDER_N] = {0, 5, 0, -3, 5, 2, 10, -3};
+static const int order_expect[ORDER_N] = {6, 1, 4, 5, 0, 2, 3, 7};
+
 static void test_priority_then_arrival_order(void **state)
 {
-    enum { N = 8 };
-    static const int prio[N] = {0, 5, 0, -3, 5, 2, 10, -3};
-    static const int expect[N] = {6, 1, 4, 5, 0, 2, 3, 7};
-    at_zone_t *z = zone_new(1, N, 5000 * MS);
-    int order[N];
+    at_zone_t *z = zone_new(1, ORDER_N, 5000 * MS);
+    int order[ORDER_N];
     (void)state;
 
-    run_in_queue(z, prio, N, order);
-    for (int i = 0; i < N; i++) {
-        assert_int_equal(order[i], expect[i]);
+    run_in_queue(z, order_prio, ORDER_N, order);
+    for (int i = 0; i < ORDER_N; i++) {
+        assert_int_equal(order[i], order_expect[i]);
+    }
+    zone_free(z);
+}
+
+/* Lock repair rebuilds the queue from the waiting records, without
+ * allocating, in the same order: priority, then arrival. */
+static void test_repair_keeps_queue_order(void **state)
+{
+    at_zone_t *z = zone_new(1, ORDER_N, 5000 * MS);
+    int order[ORDER_N];
+    (void)state;
+
+    run_in_queue_after(z, order_prio, ORDER_N, order, 1);
+    for (int i = 0; i < ORDER_N; i++) {
+        assert_int_equal(order[i], order_expect[i]);
     }
     zone_free(z);
 }
@@ -499,6 +534,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_priority_then_arrival_order),
+        cmocka_unit_test(test_repair_keeps_queue_order),
         cmocka_unit_test(test_high_priority_passes_ten_low),
         cmocka_unit_test(test_priority_clamped),
         cmocka_unit_test(test_full_queue_makes_room_for_higher),

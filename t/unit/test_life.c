@@ -189,6 +189,70 @@ static void test_records(void **state)
     munmap(l, size);
 }
 
+/* The first claimer tells the test it is inside its claim, then waits
+ * until the test lets it go on. */
+static int claim_inside[2], claim_go[2];
+static void pause_claim(void)
+{
+    char byte = 1;
+
+    if (write(claim_inside[1], &byte, 1) != 1 || read(claim_go[0], &byte, 1) != 1) {
+        _exit(3);
+    }
+}
+
+/* A child half way through taking a dead child's record (its pid written,
+ * its start time not yet) holds it: another child that looks then must not
+ * pair the new pid with the old start time, judge the record dead and take
+ * it too. The first claimer is held in that moment while the second looks. */
+static void test_claim_race(void **state)
+{
+    apr_size_t size = at_life_size(1);
+    at_life_t *l = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                        -1, 0);
+    apr_uint32_t life;
+    pid_t first, second;
+    int st1, st2;
+    char byte = 0;
+    (void)state;
+
+    assert_int_equal(pipe(claim_inside), 0);
+    assert_int_equal(pipe(claim_go), 0);
+    at_life_init(l, 1, 9);
+    if ((first = fork()) == 0) { /* takes the record and dies */
+        at_rng_t r;
+        at_rng_seed(&r);
+        _exit(at_life_enter(l, 5, 9, &r, &life) ? 0 : 1);
+    }
+    waitpid(first, NULL, 0);
+    assert_int_equal(at_life_child(l, 0)->owner.pid, first);
+
+    at_test_life_claim_hook = pause_claim;
+    if ((first = fork()) == 0) {
+        at_rng_t r;
+        at_rng_seed(&r);
+        _exit(at_life_enter(l, 5, 9, &r, &life) ? 0 : 1);
+    }
+    at_test_life_claim_hook = NULL;
+    assert_int_equal(read(claim_inside[0], &byte, 1), 1); /* the first is inside */
+    if ((second = fork()) == 0) {
+        at_rng_t r;
+        at_rng_seed(&r);
+        _exit(at_life_enter(l, 5, 9, &r, &life) ? 0 : 1);
+    }
+    waitpid(second, &st2, 0);
+    assert_int_equal(write(claim_go[1], &byte, 1), 1);
+    waitpid(first, &st1, 0);
+    assert_int_equal(WEXITSTATUS(st1), 0); /* the first has the record */
+    assert_int_equal(WEXITSTATUS(st2), 1); /* the second found none free */
+    assert_int_equal(at_life_child(l, 0)->owner.pid, first);
+    close(claim_inside[0]);
+    close(claim_inside[1]);
+    close(claim_go[0]);
+    close(claim_go[1]);
+    munmap(l, size);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_draw_uniform_over_children),
         cmocka_unit_test(test_consecutive_children_spread),
         cmocka_unit_test(test_should_defer),
+        cmocka_unit_test(test_claim_race),
         cmocka_unit_test(test_claim_retirement),
         cmocka_unit_test(test_records),
     };

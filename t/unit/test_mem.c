@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -435,6 +436,78 @@ static void test_no_mem_no_reading(void **state)
     zone_free(z);
 }
 
+/* Holds a FIFO reader up until told to go on, or 3 s at most (so that a
+ * build that reads under the lock fails the test instead of hanging it). */
+typedef struct {
+    int fd, go;
+} fifo_writer_t;
+
+static void *release_fifo(void *arg)
+{
+    fifo_writer_t *f = arg;
+    static const char content[] = "MemTotal: 24000000 kB\nMemAvailable: 20000000 kB\n";
+
+    for (int i = 0; i < 3000 && !__atomic_load_n(&f->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    if (write(f->fd, content, sizeof(content) - 1) != (ssize_t)(sizeof(content) - 1)) {
+        abort();
+    }
+    close(f->fd);
+    return NULL;
+}
+
+/* A slow memory source (cgroup v2 files under pressure can take
+ * milliseconds) never holds the zone's lock: a request that takes a reading
+ * reads outside it, and another process's request meanwhile is decided at
+ * once. Here /proc/meminfo is a FIFO whose writer holds the reader. */
+static void test_slow_reading_outside_the_lock(void **state)
+{
+    char fifo[300];
+    int tries;
+    fifo_writer_t writer = {-1, 0};
+    waiter_t reader;
+    pthread_t th, wth;
+    at_ticket_t t;
+    at_result_t r;
+    apr_int64_t t0, took;
+    at_zone_t *z;
+    (void)state;
+
+    put("/proc/meminfo", "MemTotal: 1 kB\n"); /* makes the directory */
+    snprintf(fifo, sizeof(fifo), "%s/proc/meminfo", root);
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    z = zone_mem(2, 2, 100 * MiB, FOREVER);
+    reader = (waiter_t){z, AT_ERROR, {0}, 0};
+    pthread_create(&th, NULL, request, &reader);
+    /* The reader is inside its reading once a writer can open the FIFO
+     * without waiting; holding it open without writing keeps it there. */
+    for (tries = 0; tries < 5000 && writer.fd < 0; tries++) {
+        if ((writer.fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0) {
+            usleep(1000);
+        }
+    }
+    assert_true(writer.fd >= 0);
+    pthread_create(&wth, NULL, release_fifo, &writer);
+    t0 = at_now_us();
+    r = at_zone_acquire_now(z, &t);
+    took = at_now_us() - t0;
+    __atomic_store_n(&writer.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(wth, NULL);
+    pthread_join(th, NULL);
+    if (r == AT_ADMITTED) {
+        at_zone_release(z, &t);
+    }
+    assert_int_equal(reader.result, AT_ADMITTED);
+    at_zone_release(z, &reader.t);
+    /* the reading was held up while the other request was decided: that
+     * one neither waited for it nor was refused for the lock */
+    assert_int_equal(r, AT_ADMITTED);
+    assert_true(took < 1000 * MS);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -456,6 +529,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unreadable_fails_open, fresh_root,
                                         remove_root),
         cmocka_unit_test_setup_teardown(test_no_mem_no_reading, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_slow_reading_outside_the_lock, fresh_root,
+                                        remove_root),
     };
 
     apr_initialize();

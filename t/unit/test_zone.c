@@ -317,6 +317,43 @@ static void test_waiter_reclaims(void **state)
     zone_free(z);
 }
 
+/* Many waiters behind a live holder: one reclaim pass an interval, not one
+ * per waiter that finds it due; and no lock taken just to look. */
+static void test_one_reclaim_at_a_time(void **state)
+{
+    enum { N = 24, WAIT_MS = 1000 };
+    at_zone_t *z = zone_new(1, N, WAIT_MS * MS);
+    pthread_t th[N];
+    waiter_arg_t a[N];
+    pid_t holder = fork_holder(z, NULL, 1);
+    apr_uint32_t passes, locks;
+    (void)state;
+
+    for (int i = 0; i < N; i++) {
+        a[i] = (waiter_arg_t){.z = z, .result = AT_ERROR};
+        pthread_create(&th[i], NULL, waiter_thread, &a[i]);
+    }
+    wait_until_queued(z, N);
+    __atomic_store_n(&at_test_reclaim_passes, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&at_test_lock_count, 0, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_REJECTED_TIMEOUT);
+    }
+    passes = __atomic_load_n(&at_test_reclaim_passes, __ATOMIC_SEQ_CST);
+    locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST);
+    /* the waiters waited at most WAIT_MS: one pass per interval in that
+     * time, and one more for the edges */
+    assert_true(passes <= WAIT_MS * MS / AT_RECLAIM_INTERVAL_US + 2);
+    /* Waiting reads a waiter's state without the lock: each takes it to
+     * give up, and now and then to look for the dead; not every 50 ms
+     * (that was 20 a second each, 480 here). */
+    assert_true(locks <= 3 * N + 4 * passes);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    zone_free(z);
+}
+
 static void test_reclaim_dead_waiter(void **state)
 {
     at_zone_t *z = zone_new(1, 2, 10000 * MS);
@@ -365,6 +402,86 @@ static void test_lock_holder_dies(void **state)
     at_zone_release(z, &t);
     assert_int_equal(at_zone_reclaim(z), 1);
     assert_int_equal(active_now(z), 0);
+    zone_free(z);
+}
+
+/* A child that takes the zone's lock and is stopped holding it (SIGSTOP,
+ * a debugger); SIGCONT lets it go on and release the lock. */
+static pid_t fork_stopped_lock_holder(at_zone_t *z)
+{
+    pid_t pid = fork();
+    int st;
+
+    if (pid == 0) {
+        at_zone_debug_take_lock(z);
+        raise(SIGSTOP);
+        at_zone_debug_release_lock(z);
+        pause();
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(st));
+    return pid;
+}
+
+/* A stopped lock holder holds no request past its deadline: newcomers are
+ * refused when their time is up, the status reads what it can, marked
+ * stale; when the holder goes on, all is as before. */
+static void test_stopped_lock_holder_bounds_waits(void **state)
+{
+    at_zone_t *z = zone_new(2, 2, 300 * MS);
+    at_ticket_t t;
+    at_zone_stats_t s;
+    pid_t holder = fork_stopped_lock_holder(z);
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_LOCKED);
+    assert_true(t.wait_us >= 300 * MS); /* it waited its time, */
+    assert_true(t.wait_us < 300 * MS + 5000 * MS); /* not for ever */
+    at_zone_stats(z, &s);
+    assert_int_equal(s.stale, 1);
+    assert_int_equal(s.limit, 2);
+    assert_int_equal(s.counters.rejected_locked, 1);
+
+    kill(holder, SIGCONT);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    at_zone_stats(z, &s);
+    assert_int_equal(s.stale, 0);
+    assert_int_equal(s.active, 1);
+    at_zone_release(z, &t);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    zone_free(z);
+}
+
+/* A waiter whose deadline passes while the lock is held leaves the queue
+ * without the lock; the next holder tidies its record, and the slot it
+ * would have had goes to nobody who has left. */
+static void test_waiter_leaves_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_new(1, 2, 300 * MS);
+    at_ticket_t hold;
+    waiter_arg_t a = {.z = z, .result = AT_ERROR};
+    pthread_t th;
+    pid_t holder;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    holder = fork_stopped_lock_holder(z);
+    pthread_join(th, NULL);
+    assert_int_equal(a.result, AT_REJECTED_LOCKED);
+
+    kill(holder, SIGCONT);
+    at_zone_release(z, &hold); /* waits for the holder, then tidies */
+    assert_int_equal(queued_now(z), 0);
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).counters.rejected_locked, 1);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &hold);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
     zone_free(z);
 }
 
@@ -666,6 +783,60 @@ static void test_dry_run_never_refuses(void **state)
     zone_free(z);
 }
 
+/* A process that dies running over the cap in a dry run gives its count
+ * back like any other: by reclaim, and by lock repair's recount. Before,
+ * the count stayed raised and later requests read "would reject". */
+static void test_dry_run_over_cap_reclaimed(void **state)
+{
+    at_zone_conf_t c = {.limit = 1, .queue = 1, .timeout_us = 100 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .dry_run = 1};
+    at_zone_t *z = zone_new(1, 1, 100 * MS);
+    at_ticket_t hold, t;
+    pid_t over, locker;
+    int fd[2];
+    char byte;
+    (void)state;
+
+    at_zone_reconfigure(z, &c);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(pipe(fd), 0);
+    if ((over = fork()) == 0) { /* runs over the cap, then waits to be killed */
+        at_ticket_t mine;
+        byte = at_zone_acquire(z, &mine, NULL, NULL) == AT_DRY_RUN_QUEUED ? 'y' : 'n';
+        if (write(fd[1], &byte, 1) != 1) {
+            _exit(2);
+        }
+        pause();
+        _exit(0);
+    }
+    assert_int_equal(read(fd[0], &byte, 1), 1);
+    assert_int_equal(byte, 'y');
+    assert_int_equal(stats_of(z).over_cap, 1);
+
+    /* A process dies holding the lock: repair recounts from the records. */
+    if ((locker = fork()) == 0) {
+        at_zone_debug_take_lock(z);
+        _exit(0);
+    }
+    waitpid(locker, NULL, 0);
+    assert_int_equal(stats_of(z).over_cap, 1);
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
+
+    kill(over, SIGKILL);
+    waitpid(over, NULL, 0);
+    assert_int_equal(at_zone_reclaim(z), 1);
+    assert_int_equal(stats_of(z).over_cap, 0);
+    /* The queue's room is free again: a dry run says "would queue". */
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_DRY_RUN_QUEUED);
+    at_zone_release(z, &t);
+    at_zone_release(z, &hold);
+    assert_int_equal(stats_of(z).over_cap, 0);
+    assert_int_equal(stats_of(z).active, 0);
+    close(fd[0]);
+    close(fd[1]);
+    zone_free(z);
+}
+
 static void test_latency_histograms(void **state)
 {
     at_zone_t *z = zone_new(1, 4, 5000 * MS);
@@ -929,7 +1100,10 @@ int main(void)
         cmocka_unit_test(test_reclaim_reaped_holder_on_full_acquire),
         cmocka_unit_test(test_waiter_reclaims),
         cmocka_unit_test(test_reclaim_dead_waiter),
+        cmocka_unit_test(test_one_reclaim_at_a_time),
         cmocka_unit_test(test_lock_holder_dies),
+        cmocka_unit_test(test_stopped_lock_holder_bounds_waits),
+        cmocka_unit_test(test_waiter_leaves_without_the_lock),
         cmocka_unit_test(test_reconfigure_keeps_state),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_retry_after_resists_one_slow_request),
@@ -937,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_reconfigure_does_not_wait_for_the_lock),
         cmocka_unit_test(test_death_at_every_step_of_a_handoff),
         cmocka_unit_test(test_dry_run_never_refuses),
+        cmocka_unit_test(test_dry_run_over_cap_reclaimed),
         cmocka_unit_test(test_latency_histograms),
         cmocka_unit_test(test_auto_limit_climbs_for_waiting_work),
         cmocka_unit_test(test_auto_windows_span_two_services),
