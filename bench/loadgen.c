@@ -14,12 +14,18 @@
  *       answers, served by up to CLIENTS connections at once; a request's
  *       latency counts from its scheduled arrival, so queueing in the
  *       generator is not hidden
+ *   -t SECONDS  patience: a client that has no whole answer that long after
+ *       its request began (its arrival, in an open loop) closes the
+ *       connection and records status -1, as impatient users and proxies do
+ *   -m SECONDS  with -r, wait at most this long after a 503
+ *   -z MS  think time: a closed-loop client pauses this long between requests
  */
 #define _GNU_SOURCE /* strcasestr */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,7 +47,7 @@ typedef struct {
 
 static int port, clients, honour_retry_after;
 static in_addr_t target_addr; /* network order; 127.0.0.0/8 only */
-static double seconds, rate;
+static double seconds, rate, patience, max_retry_after, think_ms;
 static long arrivals;
 static long max_requests;
 static const char *path = "/";
@@ -76,9 +82,32 @@ static int take_ticket(void)
     return ok;
 }
 
-/* One request; returns the status (0: connection failed), and the
- * Retry-After value in *retry_after (0 if absent). */
-static int one_request(int *retry_after)
+/* Waits until fd is readable or give_up_us (0: never) passes: 1 readable,
+ * 0 given up. */
+static int readable_before(int fd, int64_t give_up_us)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int64_t left;
+
+    if (give_up_us <= 0) {
+        return 1;
+    }
+    while ((left = give_up_us - now_us()) > 0) {
+        int n = poll(&pfd, 1, (int)((left + 999) / 1000));
+
+        if (n > 0) {
+            return 1;
+        }
+        if (n < 0 && errno != EINTR) {
+            return 1; /* let read() report it */
+        }
+    }
+    return 0;
+}
+
+/* One request; returns the status (0: connection failed, -1: given up at
+ * give_up_us), and the Retry-After value in *retry_after (0 if absent). */
+static int one_request(int *retry_after, int64_t give_up_us)
 {
     struct sockaddr_in sa;
     char req[512], buf[16384];
@@ -106,11 +135,15 @@ static int one_request(int *retry_after)
         return 0;
     }
     /* Keep the head for parsing; drain the rest. */
-    while ((n = read(fd, got < sizeof(buf) - 1 ? buf + got : req,
+    while (readable_before(fd, give_up_us) && (n = read(fd, got < sizeof(buf) - 1 ? buf + got : req,
                      got < sizeof(buf) - 1 ? sizeof(buf) - 1 - got : sizeof(req))) > 0) {
         if (got < sizeof(buf) - 1) {
             got += (size_t)n;
         }
+    }
+    if (give_up_us > 0 && now_us() >= give_up_us) {
+        close(fd);
+        return -1;
     }
     close(fd);
     buf[got] = '\0';
@@ -154,7 +187,8 @@ static void *client(void *arg)
             }
         }
         x.start_us = (rate > 0 ? at : now_us()) - t0;
-        x.status = one_request(&retry_after);
+        x.status = one_request(&retry_after,
+                               patience > 0 ? t0 + x.start_us + (int64_t)(patience * 1e6) : 0);
         x.end_us = now_us() - t0;
         if (s->n == s->cap) {
             s->cap = s->cap ? s->cap * 2 : 4096;
@@ -169,7 +203,12 @@ static void *client(void *arg)
             /* One sleep, to the advice or the end of the run: a client that
              * woke every few ms to look would cost 200 sleeping clients a
              * share of the CPU that the server under test needs. */
-            int64_t until = now_us() + (int64_t)retry_after * 1000000;
+            double wait = max_retry_after > 0 && retry_after > max_retry_after
+                              ? max_retry_after : retry_after;
+            int64_t until = now_us() + (int64_t)(wait * 1e6);
+            sleep_until(until < deadline ? until : deadline);
+        } else if (think_ms > 0 && rate <= 0) {
+            int64_t until = now_us() + (int64_t)(think_ms * 1000);
             sleep_until(until < deadline ? until : deadline);
         }
     }
@@ -185,7 +224,7 @@ int main(int argc, char **argv)
     int opt, i;
 
     target_addr = htonl(INADDR_LOOPBACK);
-    while ((opt = getopt(argc, argv, "a:p:c:d:n:u:o:rR:")) != -1) {
+    while ((opt = getopt(argc, argv, "a:p:c:d:n:u:o:rR:t:m:z:")) != -1) {
         switch (opt) {
         case 'a':
             if (inet_pton(AF_INET, optarg, &target_addr) != 1
@@ -202,14 +241,17 @@ int main(int argc, char **argv)
         case 'o': out = optarg; break;
         case 'r': honour_retry_after = 1; break;
         case 'R': rate = atof(optarg); break;
+        case 't': patience = atof(optarg); break;
+        case 'm': max_retry_after = atof(optarg); break;
+        case 'z': think_ms = atof(optarg); break;
         default:
             fprintf(stderr, "usage: loadgen [-a 127.x.y.z] -p PORT -c CLIENTS -d SECONDS [-n MAX] "
-                            "[-u PATH] [-r] [-R RATE] [-o FILE]\n");
+                            "[-u PATH] [-r [-m MAX]] [-R RATE] [-t PATIENCE] [-z THINK_MS] [-o FILE]\n");
             return 2;
         }
     }
     if (port <= 0 || clients <= 0 || clients > 2000 || seconds <= 0 || seconds > 3600
-        || rate < 0 || rate > 100000) {
+        || rate < 0 || rate > 100000 || patience < 0 || max_retry_after < 0 || think_ms < 0) {
         fprintf(stderr, "loadgen: need -p PORT, -c 1..2000 clients, -d 0..3600 seconds\n");
         return 2;
     }
