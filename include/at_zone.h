@@ -70,7 +70,7 @@ typedef struct {
     X(queued_total, "QueuedTotal", "queued_total", "queued_total", NULL,               \
       "Requests that had to wait for a slot.")                                          \
     X(rejected_full, "RejectedFull", "rejected_full", "rejected_total",                \
-      "reason=\"full\"", "Requests answered 503, by reason.")                           \
+      "reason=\"full\"", "Requests refused (503, or 429 with status=429), by reason.")                           \
     X(rejected_timeout, "RejectedTimeout", "rejected_timeout", "rejected_total",       \
       "reason=\"timeout\"", NULL)                                                       \
     X(rejected_predicted, "RejectedPredicted", "rejected_predicted", "rejected_total", \
@@ -156,6 +156,25 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 
 /* Whether an existing zone can take conf without being laid out anew. */
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *conf);
+
+/* Laid by a build of this layout, and its lock sound: safe to read. */
+int at_zone_compatible(const at_zone_t *z);
+
+/* 1 if z counts what runs in old (old is its predecessor). */
+int at_zone_counts(const at_zone_t *z, const at_zone_t *old);
+
+/* In the parent, when z replaces old at a restart (old cannot hold the new
+ * definition): what still runs in old counts against z's limit until it
+ * ends, so old and new together never run more than z's limit. */
+void at_zone_succeed(at_zone_t *z, at_zone_t *old);
+
+/* Nothing running or waiting, and no replaced zone behind it. */
+int at_zone_idle(const at_zone_t *z);
+
+/* In the parent: the zone z replaced, once it is idle, unlinked from z so
+ * that the caller may free it (children forked after see no link). NULL
+ * while it still has requests, or if there is none. */
+at_zone_t *at_zone_let_go_predecessor(at_zone_t *z);
 
 /* Apply a new definition in place, keeping slots, waiters and totals. It
  * never waits for the lock, which a stopped or hung process may hold: it

@@ -140,6 +140,11 @@ struct at_zone {
     /* records left without the lock since the last tidy (W_LEFT...) */
     apr_uint32_t left;
     apr_uint32_t pad3;
+    /* The zone this one replaced at a restart (grown past its memory):
+     * what still runs there counts against this zone's limit. An address
+     * in the parent's memory, the same in every child; the parent clears
+     * it before it frees that zone. */
+    at_zone_t *predecessor;
 };
 
 /* ---- the layout, for zones kept across restarts ------------------------ */
@@ -187,7 +192,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
     AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
-    AT_FIELD(at_zone_t, pad3)};
+    AT_FIELD(at_zone_t, pad3),         AT_FIELD(at_zone_t, predecessor)};
 
 static const at_record_t zone_records[] = {
     AT_RECORD(at_zone_t, zone_fields), AT_RECORD(at_slot_t, slot_fields),
@@ -538,6 +543,22 @@ static void unlock_after_mem(at_zone_t *z, mem_read_t *m)
     mem_warn_after_unlock(z, m);
 }
 
+/* ---- what runs (lock held) ------------------------------------------- */
+
+/* Requests running against this zone's limit: its own, and those still
+ * running in the zones it replaced at restarts, until they end. */
+static apr_uint32_t running(const at_zone_t *z)
+{
+    apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    int depth = 0;
+
+    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < 8;
+         z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
+        n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
 /* ---- priorities (lock held) ------------------------------------------ */
 
 /* The slots a request of this priority may fill: reserve= keeps the last
@@ -636,7 +657,7 @@ static void dispatch(at_zone_t *z)
     at_waiter_t *w = waiters(z);
     apr_int64_t now = at_now_us();
 
-    while (z->qhead != NONE && z->active < slots_for(z, w[z->qhead].priority) &&
+    while (z->qhead != NONE && running(z) < slots_for(z, w[z->qhead].priority) &&
            z->free_slot != NONE && mem_allows(z, now)) {
         apr_int32_t i = z->qhead, slot;
 
@@ -971,10 +992,42 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
  * good, is never kept: the caller lays a new one. */
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
 {
-    return z->magic == ZONE_MAGIC && z->layout == zone_layout()
-           && !apr_atomic_read32((volatile apr_uint32_t *)&z->lock_broken)
-           && at_conf_highest_limit(c) <= z->nslots
+    return at_zone_compatible(z) && at_conf_highest_limit(c) <= z->nslots
            && waiter_records(z->nslots, c->queue) <= z->nwaiters;
+}
+
+int at_zone_compatible(const at_zone_t *z)
+{
+    return z->magic == ZONE_MAGIC && z->layout == zone_layout()
+           && !apr_atomic_read32((volatile apr_uint32_t *)&z->lock_broken);
+}
+
+int at_zone_counts(const at_zone_t *z, const at_zone_t *old)
+{
+    return __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE) == old;
+}
+
+void at_zone_succeed(at_zone_t *z, at_zone_t *old)
+{
+    __atomic_store_n(&z->predecessor, old, __ATOMIC_RELEASE);
+}
+
+int at_zone_idle(const at_zone_t *z)
+{
+    return !__atomic_load_n(&z->active, __ATOMIC_ACQUIRE)
+           && !__atomic_load_n(&z->queued, __ATOMIC_ACQUIRE)
+           && !__atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE);
+}
+
+at_zone_t *at_zone_let_go_predecessor(at_zone_t *z)
+{
+    at_zone_t *old = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE);
+
+    if (!old || !at_zone_idle(old)) {
+        return NULL;
+    }
+    __atomic_store_n(&z->predecessor, NULL, __ATOMIC_RELEASE);
+    return old;
 }
 
 /* Only the server's parent writes a definition, one restart at a time;
@@ -1367,7 +1420,7 @@ static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
  * a waiter of lower priority may be held back by reserve=. */
 static int slot_free_for_newcomer(const at_zone_t *z, int priority)
 {
-    return z->active < slots_for(z, priority) && z->free_slot != NONE &&
+    return running(z) < slots_for(z, priority) && z->free_slot != NONE &&
            (z->qhead == NONE || waiters((at_zone_t *)z)[z->qhead].priority < priority);
 }
 
@@ -1462,8 +1515,8 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         }
         slice = deadline - now < AT_WAIT_SLICE_US ? deadline - now : AT_WAIT_SLICE_US;
         sleep_on_word(&w->wake, seen, slice);
-        if (z->mem.bytes && head) {
-            return 0; /* memory frees without anyone releasing a slot */
+        if (head && (z->mem.bytes || running(z) < __atomic_load_n(&z->limit, __ATOMIC_RELAXED))) {
+            return 0; /* memory, or a replaced zone, made room without a release here */
         }
     }
 }
@@ -1488,8 +1541,8 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         }
         mem_apply_locked(z, &m);
         now = at_now_us();
-        if (z->mem.bytes && z->qhead == wi) {
-            dispatch(z); /* memory frees without anyone releasing a slot */
+        if (z->qhead == wi) {
+            dispatch(z); /* memory, or a replaced zone, frees without a release here */
         }
         if (w->state == W_GRANTED) {
             t->slot = w->slot;

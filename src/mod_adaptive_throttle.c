@@ -36,7 +36,9 @@
 #define POLLRDHUP 0
 #endif
 
-#define RETAINED_KEY "mod_adaptive_throttle-zones"
+/* Named for the layout of retained_t: a build with another one starts
+ * afresh instead of reading this one's. */
+#define RETAINED_KEY "mod_adaptive_throttle-zones-2"
 #define RELEASE_FILTER "THROTTLE_RELEASE"
 
 module AP_MODULE_DECLARE_DATA adaptive_throttle_module;
@@ -70,9 +72,17 @@ typedef struct {
     int refused; /* answered 503: what runs next is its ErrorDocument */
 } req_state_t;
 
-/* Segments kept across restarts in the process pool: one per zone name. */
+/* A zone's shared memory, in the parent's process pool. */
 typedef struct {
-    apr_hash_t *zones; /* name -> at_zone_t * */
+    at_zone_t *zone;
+    apr_shm_t *shm;
+} segment_t;
+
+/* Segments kept across restarts: one per zone name, and those replaced or
+ * no longer configured, freed once nothing runs or waits in them. */
+typedef struct {
+    apr_hash_t *zones;           /* name -> segment_t * */
+    apr_array_header_t *retired; /* segment_t * */
 } retained_t;
 
 static apr_hash_t *zone_refs; /* name -> zone_ref_t *, for this config cycle */
@@ -303,6 +313,10 @@ static int throttle_check_config(apr_pool_t *pconf, apr_pool_t *plog,
             rv = !OK;
         }
     }
+    /* here, not at post_config: so that apachectl -t says it too */
+    if (rv == OK) {
+        rv = at_size_zones(s, ptemp);
+    }
     return rv;
 }
 
@@ -317,16 +331,18 @@ static apr_uint32_t with_headroom(apr_uint32_t n, apr_uint32_t floor,
     return (apr_uint32_t)(h > max ? (n > max ? n : max) : h);
 }
 
-static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
+static segment_t *zone_create(server_rec *s, zone_ref_t *ref)
 {
     apr_uint32_t nslots = with_headroom(at_conf_highest_limit(&ref->conf), 64, AT_LIMIT_MAX);
     apr_uint32_t nwaiters = with_headroom(ref->conf.queue, 256, AT_QUEUE_MAX);
     apr_size_t size = at_zone_size(nslots, nwaiters);
     apr_shm_t *shm;
     apr_status_t rv;
+    segment_t *seg;
 
     /* Anonymous memory in the process pool: inherited by every child and
-     * kept across graceful restarts until the server stops. */
+     * kept across graceful restarts until the server stops or the zone is
+     * replaced and drained (free_retired). */
     rv = apr_shm_create(&shm, size, NULL, s->process->pool);
     if (rv == APR_SUCCESS) {
         rv = at_zone_init(apr_shm_baseaddr_get(shm), size, ref->name, &ref->conf,
@@ -338,7 +354,67 @@ static at_zone_t *zone_create(server_rec *s, zone_ref_t *ref)
                      APR_SIZE_T_FMT " bytes for zone %s", size, ref->name);
         return NULL;
     }
-    return apr_shm_baseaddr_get(shm);
+    seg = apr_palloc(s->process->pool, sizeof(*seg));
+    seg->zone = apr_shm_baseaddr_get(shm);
+    seg->shm = shm;
+    return seg;
+}
+
+/* A zone replaced at this restart: if it is of this build's layout and
+ * sound, the new one counts what still runs in it; it is freed once idle.
+ * Another layout's (an upgrade) or a broken one is never read again. */
+static void retire(server_rec *s, segment_t *old, segment_t *new_seg)
+{
+    if (new_seg && at_zone_compatible(old->zone)) {
+        at_zone_succeed(new_seg->zone, old->zone);
+        APR_ARRAY_PUSH(retained->retired, segment_t *) = old;
+        return;
+    }
+    if (!new_seg && at_zone_compatible(old->zone)) {
+        APR_ARRAY_PUSH(retained->retired, segment_t *) = old; /* removed: freed once idle */
+        return;
+    }
+    ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "freeing the shared memory of a zone "
+                 "laid by another build or with a broken lock");
+    apr_shm_destroy(old->shm);
+}
+
+/* In the parent: frees retired zones that nothing runs or waits in any
+ * more, once no zone counts them (children forked later never look). */
+static void free_retired(server_rec *s)
+{
+    apr_hash_index_t *hi;
+    int i, kept = 0;
+
+    if (!retained) {
+        return;
+    }
+    for (hi = apr_hash_first(NULL, retained->zones); hi; hi = apr_hash_next(hi)) {
+        at_zone_let_go_predecessor(((segment_t *)apr_hash_this_val(hi))->zone);
+    }
+    for (i = 0; i < retained->retired->nelts; i++) {
+        at_zone_let_go_predecessor(APR_ARRAY_IDX(retained->retired, i, segment_t *)->zone);
+    }
+    for (i = 0; i < retained->retired->nelts; i++) {
+        segment_t *seg = APR_ARRAY_IDX(retained->retired, i, segment_t *);
+        int counted = 0;
+
+        for (hi = apr_hash_first(NULL, retained->zones); hi && !counted; hi = apr_hash_next(hi)) {
+            counted = at_zone_counts(((segment_t *)apr_hash_this_val(hi))->zone, seg->zone);
+        }
+        for (int k = 0; k < retained->retired->nelts && !counted; k++) {
+            counted = at_zone_counts(APR_ARRAY_IDX(retained->retired, k, segment_t *)->zone,
+                                     seg->zone);
+        }
+        if (counted || !at_zone_idle(seg->zone)) {
+            APR_ARRAY_IDX(retained->retired, kept++, segment_t *) = seg;
+            continue;
+        }
+        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s, "freed the shared memory of a "
+                     "replaced zone, now idle");
+        apr_shm_destroy(seg->shm);
+    }
+    retained->retired->nelts = kept;
 }
 
 #ifdef AT_TEST_HOOKS
@@ -448,13 +524,14 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
     if (!retained) {
         retained = ap_retained_data_create(RETAINED_KEY, sizeof(*retained));
         retained->zones = apr_hash_make(s->process->pool);
+        retained->retired = apr_array_make(s->process->pool, 4, sizeof(segment_t *));
     }
-    at_size_auto_zones(s, ptemp);
     for (hi = zone_refs ? apr_hash_first(ptemp, zone_refs) : NULL; hi;
          hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
-        at_zone_t *z = apr_hash_get(retained->zones, ref->name, APR_HASH_KEY_STRING);
-        apr_status_t rv = z ? at_zone_reconfigure(z, &ref->conf) : APR_EINVAL;
+        segment_t *seg = apr_hash_get(retained->zones, ref->name, APR_HASH_KEY_STRING);
+        apr_status_t rv = seg ? at_zone_reconfigure(seg->zone, &ref->conf) : APR_EINVAL;
+        segment_t *fresh;
 
         if (rv == APR_SUCCESS) {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: kept across restart "
@@ -468,20 +545,33 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
                          "definition applies when the lock is next taken", ref->name);
         }
         else {
-            if (z) {
+            if (!(fresh = zone_create(s, ref))) {
+                return HTTP_INTERNAL_SERVER_ERROR;
+            }
+            if (seg) {
                 ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: its shared memory "
                              "cannot be kept (the zone grew beyond it, a build of "
                              "another layout laid it, or its lock is broken); starting "
-                             "it anew", ref->name);
-            }
-            if (!(z = zone_create(s, ref))) {
-                return HTTP_INTERNAL_SERVER_ERROR;
+                             "it anew: until the requests running in the old one end, "
+                             "they count against the new limit", ref->name);
+                retire(s, seg, fresh);
             }
             apr_hash_set(retained->zones, apr_pstrdup(s->process->pool, ref->name),
-                         APR_HASH_KEY_STRING, z);
+                         APR_HASH_KEY_STRING, fresh);
+            seg = fresh;
         }
-        ref->zone = z;
+        ref->zone = seg->zone;
     }
+    /* zones no longer configured: freed once nothing runs or waits in them */
+    for (hi = apr_hash_first(ptemp, retained->zones); hi; hi = apr_hash_next(hi)) {
+        const char *name = apr_hash_this_key(hi);
+
+        if (!zone_refs || !apr_hash_get(zone_refs, name, APR_HASH_KEY_STRING)) {
+            retire(s, apr_hash_this_val(hi), NULL);
+            apr_hash_set(retained->zones, name, APR_HASH_KEY_STRING, NULL);
+        }
+    }
+    free_retired(s);
     at_warn_if_workers_short(s, ptemp);
     arm_lock_holder(s);
     arm_mem_root(s);
@@ -489,21 +579,31 @@ static int throttle_post_config(apr_pool_t *pconf, apr_pool_t *plog,
     return OK;
 }
 
-/* pid 0: every dead owner; else the records of that process alone. */
+static void reclaim_zone(at_zone_t *z, pid_t pid)
+{
+    if (pid > 0) {
+        at_zone_reclaim_pid_nowait(z, (apr_int32_t)pid);
+    }
+    else {
+        at_zone_reclaim_nowait(z);
+    }
+}
+
+/* pid 0: every dead owner; else the records of that process alone. Retired
+ * zones too: their dead must not hold the new zone's limit. */
 static void reclaim_dead(pid_t pid)
 {
     apr_hash_index_t *hi;
+    int i;
 
     if (!retained) {
         return;
     }
     for (hi = apr_hash_first(NULL, retained->zones); hi; hi = apr_hash_next(hi)) {
-        if (pid > 0) {
-            at_zone_reclaim_pid_nowait(apr_hash_this_val(hi), (apr_int32_t)pid);
-        }
-        else {
-            at_zone_reclaim_nowait(apr_hash_this_val(hi));
-        }
+        reclaim_zone(((segment_t *)apr_hash_this_val(hi))->zone, pid);
+    }
+    for (i = 0; i < retained->retired->nelts; i++) {
+        reclaim_zone(APR_ARRAY_IDX(retained->retired, i, segment_t *)->zone, pid);
     }
 }
 
@@ -522,8 +622,8 @@ static void throttle_child_status(server_rec *s, pid_t pid, ap_generation_t gen,
 static int throttle_monitor(apr_pool_t *p, server_rec *s)
 {
     (void)p;
-    (void)s;
     reclaim_dead(0);
+    free_retired(s);
     return DECLINED;
 }
 

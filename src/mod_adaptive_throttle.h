@@ -76,7 +76,7 @@ const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *ar
 int at_may_wait(at_zone_t *z);
 /* limit=auto zones without max=: max from the workers left (post_config,
  * before the zones are made). */
-void at_size_auto_zones(server_rec *s, apr_pool_t *p);
+int at_size_zones(server_rec *s, apr_pool_t *p);
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
 void at_workers_register_hooks(void);
 

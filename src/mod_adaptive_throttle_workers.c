@@ -134,26 +134,68 @@ static int sized_from_workers(const at_zone_conf_t *c)
     return c->limit_auto && c->max_from != AT_MAX_GIVEN;
 }
 
-/* limit=auto without max=: the workers left once those kept idle and the
- * other zones' running and waiting requests are counted, shared equally
- * by such zones. Where the MPM does not say, max stays 16 x the CPUs. */
-void at_size_auto_zones(server_rec *s, apr_pool_t *p)
+/* A fixed zone's default queue (10 x its limit) is cut to what its fair
+ * share of the workers leaves beside its limit: one zone's default queue
+ * may not take the workers another zone needs. */
+static void cut_default_queue(server_rec *s, zone_ref_t *ref, apr_int64_t fair)
+{
+    at_zone_conf_t *c = &ref->conf;
+    apr_int64_t room = fair - (apr_int64_t)c->limit;
+
+    if (c->limit_auto || !c->queue_default || (apr_int64_t)c->queue <= room) {
+        return;
+    }
+    c->queue = room > 0 ? (apr_uint32_t)room : 0;
+    ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: default queue cut to %u, "
+                 "its share of the workers (%" APR_INT64_T_FMT ") less its limit; give "
+                 "queue= to choose", ref->name, c->queue, fair);
+}
+
+/* The workers the zones may hold (MaxRequestWorkers less those kept idle)
+ * go first to what the configuration sets: fixed zones' limit and queue,
+ * auto zones' max= and queue=. Defaults then share the rest: a fixed
+ * zone's default queue is cut to its fair share (the workers over the
+ * zones), and limit=auto without max= gets what is left, shared equally,
+ * and never less than a fair share. A configuration whose defaults cannot
+ * fit at all (a fair share below 2) fails the configuration check, with
+ * what to set. Where the MPM does not say, max stays 16 x the CPUs. */
+int at_size_zones(server_rec *s, apr_pool_t *p)
 {
     apr_array_header_t *zones = at_defined_zones(p);
-    apr_int64_t left = max_workers() - keep_idle_workers(), share;
-    apr_uint32_t n = 0;
+    apr_int64_t usable = max_workers() - keep_idle_workers(), left, share, fair;
+    apr_uint32_t n = 0, defaults = 0;
     int i;
 
+    if (max_workers() <= 0 || !zones->nelts) {
+        return OK;
+    }
+    fair = usable / zones->nelts;
     for (i = 0; i < zones->nelts; i++) {
         const at_zone_conf_t *c = &APR_ARRAY_IDX(zones, i, zone_ref_t *)->conf;
 
-        n += sized_from_workers(c);
-        left -= sized_from_workers(c) ? 0 : (apr_int64_t)workers_held(c);
+        defaults += sized_from_workers(c) || (!c->limit_auto && c->queue_default);
     }
-    if (!n || max_workers() <= 0) {
-        return;
+    if (defaults && fair < 2) {
+        ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_EMERG, 0, s,
+                     "mod_adaptive_throttle: %d zones share %" APR_INT64_T_FMT " workers "
+                     "(MaxRequestWorkers %d less ThrottleKeepIdleWorkers %d): too few for "
+                     "their default queue= and limit=auto's max=; raise MaxRequestWorkers, "
+                     "or give each zone queue= (and max= with limit=auto)",
+                     zones->nelts, usable > 0 ? usable : 0, max_workers(), keep_idle_workers());
+        return !OK;
     }
-    share = left > 0 ? left / n : 0;
+    left = usable;
+    for (i = 0; i < zones->nelts; i++) {
+        zone_ref_t *ref = APR_ARRAY_IDX(zones, i, zone_ref_t *);
+
+        cut_default_queue(s, ref, fair);
+        n += sized_from_workers(&ref->conf);
+        left -= sized_from_workers(&ref->conf) ? 0 : (apr_int64_t)workers_held(&ref->conf);
+    }
+    if (!n) {
+        return OK;
+    }
+    share = left / n > fair ? left / n : fair;
     for (i = 0; i < zones->nelts; i++) {
         zone_ref_t *ref = APR_ARRAY_IDX(zones, i, zone_ref_t *);
 
@@ -161,13 +203,14 @@ void at_size_auto_zones(server_rec *s, apr_pool_t *p)
             continue;
         }
         at_conf_max_from_workers(&ref->conf, (apr_uint32_t)share);
-        ap_log_error(APLOG_MARK,
-                     workers_held(&ref->conf) <= (apr_uint64_t)share ? APLOG_INFO : APLOG_WARNING,
-                     0, s, "zone %s: limit=auto may run up to %u, waiting up to %u: the "
-                     "workers left by MaxRequestWorkers, ThrottleKeepIdleWorkers and the "
-                     "other zones (%" APR_INT64_T_FMT ") shared by %u zone(s) without max=",
-                     ref->name, ref->conf.limit_max, ref->conf.queue, left > 0 ? left : 0, n);
+        ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: limit=auto may run up to %u, "
+                     "waiting up to %u: the workers left by MaxRequestWorkers, "
+                     "ThrottleKeepIdleWorkers and the other zones (%" APR_INT64_T_FMT "), "
+                     "shared by %u zone(s) without max=, and never less than a fair share "
+                     "(%" APR_INT64_T_FMT ")", ref->name, ref->conf.limit_max,
+                     ref->conf.queue, left > 0 ? left : 0, n, fair);
     }
+    return OK;
 }
 
 /* At startup: the zones' running and waiting requests together against the
@@ -195,7 +238,7 @@ void at_warn_if_workers_short(server_rec *s, apr_pool_t *p)
                      "zones' running + waiting requests "
                      "(%s: %" APR_UINT64_T_FMT ") can take more than the %d of "
                      "MaxRequestWorkers (%d) left once ThrottleKeepIdleWorkers (%d) are "
-                     "kept idle: a request that would wait then gets 503 at once "
+                     "kept idle: a request that would wait is then refused at once "
                      "(rejected-workers); lower queue= or raise MaxRequestWorkers",
                      list, need, workers - keep, workers, keep);
     }

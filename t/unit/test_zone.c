@@ -485,6 +485,42 @@ static void test_waiter_leaves_without_the_lock(void **state)
     zone_free(z);
 }
 
+/* A zone that replaced another at a restart (grown past its memory)
+ * counts what still runs in the old one against its limit: together they
+ * never run more than the new limit. A waiter of the new zone gets the
+ * room an old request leaves; the old zone is let go once idle. */
+static void test_successor_counts_what_runs_in_the_old_zone(void **state)
+{
+    at_zone_t *old = zone_new(3, 0, 100 * MS), *z = zone_new(4, 2, 3000 * MS);
+    at_ticket_t o[3], t[2];
+    waiter_arg_t a = {.z = z, .result = AT_ERROR};
+    pthread_t th;
+    (void)state;
+
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(at_zone_acquire(old, &o[i], NULL, NULL), AT_ADMITTED);
+    }
+    at_zone_succeed(z, old);
+    assert_null(at_zone_let_go_predecessor(z)); /* busy: kept */
+    assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED); /* 3 + 1 = 4 */
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(z, 1);
+    at_zone_release(old, &o[0]); /* room for the new zone's waiter */
+    pthread_join(th, NULL);
+    assert_int_equal(a.result, AT_QUEUED); /* it ran, and gave its slot back */
+    assert_int_equal(at_zone_acquire_now(z, &t[1]), AT_ADMITTED); /* 2 + 2 = 4 */
+    assert_int_equal(at_zone_acquire_now(z, &o[0]), AT_REJECTED_FULL);
+    at_zone_release(old, &o[1]);
+    at_zone_release(old, &o[2]);
+    assert_ptr_equal(at_zone_let_go_predecessor(z), old);
+    assert_false(at_zone_counts(z, old));
+    at_zone_release(z, &t[0]);
+    at_zone_release(z, &t[1]);
+    assert_true(at_zone_idle(z));
+    zone_free(old);
+    zone_free(z);
+}
+
 static void test_reconfigure_keeps_state(void **state)
 {
     at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 5000 * MS,
@@ -1105,6 +1141,7 @@ int main(void)
         cmocka_unit_test(test_stopped_lock_holder_bounds_waits),
         cmocka_unit_test(test_waiter_leaves_without_the_lock),
         cmocka_unit_test(test_reconfigure_keeps_state),
+        cmocka_unit_test(test_successor_counts_what_runs_in_the_old_zone),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_retry_after_resists_one_slow_request),
         cmocka_unit_test(test_error_page_takes_only_a_free_slot),
