@@ -831,7 +831,9 @@ static void tidy_left(at_zone_t *z)
 static int locked(at_zone_t *z, int rc)
 {
     if (rc == 0) {
-        if (__atomic_exchange_n(&z->left, 0, __ATOMIC_ACQ_REL)) {
+        /* a load first: the common case writes nothing */
+        if (__atomic_load_n(&z->left, __ATOMIC_RELAXED)
+            && __atomic_exchange_n(&z->left, 0, __ATOMIC_ACQ_REL)) {
             tidy_left(z);
         }
         apply_published_conf(z);
