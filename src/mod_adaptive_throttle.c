@@ -748,6 +748,22 @@ static void export_outcome(request_rec *r, const req_state_t *st)
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, st->ticket.wait_us));
 }
 
+static int is_refusal(at_result_t res)
+{
+    switch (res) {
+    case AT_REJECTED_FULL:
+    case AT_REJECTED_TIMEOUT:
+    case AT_REJECTED_CLIENT:
+    case AT_REJECTED_PREDICTED:
+    case AT_REJECTED_WORKERS:
+    case AT_REJECTED_STANDING:
+    case AT_REJECTED_LOCKED:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static const char *result_name(at_result_t res)
 {
     switch (res) {
@@ -877,7 +893,9 @@ static int throttle_handler(request_rec *r)
     res = at_zone_acquire_req(ref->zone, &st->ticket, &rq, client_gone, r);
     st->result = result_name(res);
     export_outcome(r, st);
-    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+    /* Refusals at info, so that "LogLevel adaptive_throttle:info" shows them
+     * alone (nginx's limit_req_log_level); every decision at debug. */
+    ap_log_rerror(APLOG_MARK, is_refusal(res) ? APLOG_INFO : APLOG_DEBUG, 0, r,
                   "zone %s: %s%s, priority %d, waited %" APR_INT64_T_FMT
                   " us, %u waiting ahead on arrival",
                   ref->name, st->result,
