@@ -904,6 +904,12 @@ static int throttle_handler(request_rec *r)
                                                : "",
                   st->priority, st->ticket.wait_us, st->ticket.queue_depth);
 
+    if (is_refusal(res)) {
+        st->refused = 1;
+        apr_table_setn(r->err_headers_out, "Retry-After",
+                       apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
+        return (int)ref->conf.refuse_status;
+    }
     switch (res) {
     case AT_ADMITTED:
     case AT_QUEUED:
@@ -911,17 +917,6 @@ static int throttle_handler(request_rec *r)
     case AT_DRY_RUN_REJECTED:
         hold_slot(r, st);
         return DECLINED;
-    case AT_REJECTED_FULL:
-    case AT_REJECTED_TIMEOUT:
-    case AT_REJECTED_CLIENT:
-    case AT_REJECTED_PREDICTED:
-    case AT_REJECTED_WORKERS:
-    case AT_REJECTED_STANDING:
-    case AT_REJECTED_LOCKED:
-        st->refused = 1;
-        apr_table_setn(r->err_headers_out, "Retry-After",
-                       apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
-        return (int)ref->conf.refuse_status;
     case AT_ABORTED:
         st->refused = 1;
         r->connection->keepalive = AP_CONN_CLOSE;
