@@ -14,7 +14,7 @@
 typedef struct {
     apr_uint64_t bytes;      /* mem=; 0: the gate is open */
     apr_uint64_t avail;      /* the last reading */
-    apr_int64_t read_us;     /* when it was taken */
+    apr_int64_t read_us;     /* when the last reading began */
     apr_uint64_t pending;    /* promised to started requests, not yet in a reading */
     apr_uint64_t freed;      /* given back by requests that ended since the reading */
     apr_uint64_t early_free; /* came back before its request ended */
@@ -39,10 +39,11 @@ typedef struct {
     int ok;
     apr_uint32_t source; /* an at_mem_source_t */
     apr_uint64_t avail;
+    apr_int64_t at_us; /* when it began */
 } at_mem_reading_t;
 
-/* Without the lock: 1 if a reading was due and this caller took it into r
- * (one caller at a time); then at_memgate_apply it under the lock. */
+/* Without the lock: 1 if a reading was due and this caller took it into r;
+ * then at_memgate_apply it under the lock. */
 int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r);
 
 /* Under the lock: the reading into the ledger. 1 if it is the first that

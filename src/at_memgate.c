@@ -15,23 +15,23 @@ void at_memgate_set_reading(const char *root, apr_int64_t settle_us)
     mem_settle_us = settle_us >= 0 ? settle_us : AT_MEM_SETTLE_US;
 }
 
-/* Outside the zone's lock: whether a reading is due (at most every
- * AT_MEM_READ_US while there is room, every AT_MEM_REREAD_US while memory
- * holds requests back), and if so, this caller takes it, alone: the time of
- * the reading is claimed by compare-and-swap first. The files are read
- * here, never under the lock: on cgroup v2 under pressure a read can take
- * milliseconds, and every process of the zone would wait on it. */
+/* Outside the zone's lock: whether a reading is due (the one in the ledger
+ * is AT_MEM_READ_US old, or AT_MEM_REREAD_US while memory holds requests
+ * back), and if so, the reading. The files are read here, never under the
+ * lock: on cgroup v2 under pressure a read can take milliseconds, and every
+ * process of the zone would wait on it. Every caller that finds the ledger's
+ * reading stale reads for itself: one that waited for another's reading in
+ * flight would decide on a stale one meanwhile. */
 int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r)
 {
-    apr_int64_t last = __atomic_load_n(&g->read_us, __ATOMIC_ACQUIRE), age = now - last;
+    apr_int64_t age = now - __atomic_load_n(&g->read_us, __ATOMIC_ACQUIRE);
     at_mem_source_t source;
 
     if (!__atomic_load_n(&g->bytes, __ATOMIC_RELAXED)
-        || !(age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g)))
-        || !__atomic_compare_exchange_n(&g->read_us, &last, now, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
+        || !(age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g)))) {
         return 0;
     }
+    r->at_us = now;
     r->ok = at_mem_read(mem_root, &r->avail, &source) == APR_SUCCESS;
     r->source = (apr_uint32_t)source;
     return 1;
@@ -46,13 +46,18 @@ int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *
  * unannounced is remembered, and cancels the credit of the ends that
  * follow, so it is not counted twice as a promise coming true. Returns 1 if
  * this is the first reading that failed (for the caller to log, after the
- * lock). */
+ * lock). A reading begun before the one in the ledger is dropped: readings
+ * taken side by side land in any order. */
 int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now,
                      apr_uint32_t active, at_memgate_young_fn young, void *ctx)
 {
     apr_uint64_t young_bytes;
     double seen;
 
+    if (r->at_us <= g->read_us) {
+        return 0;
+    }
+    __atomic_store_n(&g->read_us, r->at_us, __ATOMIC_RELEASE);
     if (!r->ok) {
         /* Unreadable memory must not stop the server: fail open, as for a
          * broken lock. */

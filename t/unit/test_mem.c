@@ -20,6 +20,7 @@
 
 #include "at_mem.h"
 #include "at_memgate.h"
+#include "at_tuning.h"
 #include "at_zone.h"
 #include "zone_test_util.h"
 
@@ -457,14 +458,35 @@ static void *release_fifo(void *arg)
     return NULL;
 }
 
+/* /proc/meminfo becomes a FIFO, and a request in a thread of its own starts
+ * a reading of it. Returns the writer's end once the reader is inside its
+ * reading (a writer can then open the FIFO without waiting); holding it
+ * open without writing keeps the reader there. */
+static int request_stuck_in_reading(waiter_t *w, pthread_t *th)
+{
+    char fifo[300];
+    int fd = -1;
+
+    put("/proc/meminfo", "MemTotal: 1 kB\n"); /* makes the directory */
+    snprintf(fifo, sizeof(fifo), "%s/proc/meminfo", root);
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    pthread_create(th, NULL, request, w);
+    for (int tries = 0; tries < 5000 && fd < 0; tries++) {
+        if ((fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0) {
+            usleep(1000);
+        }
+    }
+    assert_true(fd >= 0);
+    return fd;
+}
+
 /* A slow memory source (cgroup v2 files under pressure can take
  * milliseconds) never holds the zone's lock: a request that takes a reading
  * reads outside it, and another process's request meanwhile is decided at
  * once. Here /proc/meminfo is a FIFO whose writer holds the reader. */
 static void test_slow_reading_outside_the_lock(void **state)
 {
-    char fifo[300];
-    int tries;
     fifo_writer_t writer = {-1, 0};
     waiter_t reader;
     pthread_t th, wth;
@@ -474,21 +496,9 @@ static void test_slow_reading_outside_the_lock(void **state)
     at_zone_t *z;
     (void)state;
 
-    put("/proc/meminfo", "MemTotal: 1 kB\n"); /* makes the directory */
-    snprintf(fifo, sizeof(fifo), "%s/proc/meminfo", root);
-    assert_int_equal(unlink(fifo), 0);
-    assert_int_equal(mkfifo(fifo, 0600), 0);
     z = zone_mem(2, 2, 100 * MiB, FOREVER);
     reader = (waiter_t){z, AT_ERROR, {0}, 0};
-    pthread_create(&th, NULL, request, &reader);
-    /* The reader is inside its reading once a writer can open the FIFO
-     * without waiting; holding it open without writing keeps it there. */
-    for (tries = 0; tries < 5000 && writer.fd < 0; tries++) {
-        if ((writer.fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0) {
-            usleep(1000);
-        }
-    }
-    assert_true(writer.fd >= 0);
+    writer.fd = request_stuck_in_reading(&reader, &th);
     pthread_create(&wth, NULL, release_fifo, &writer);
     t0 = at_now_us();
     r = at_zone_acquire_now(z, &t);
@@ -505,6 +515,48 @@ static void test_slow_reading_outside_the_lock(void **state)
      * one neither waited for it nor was refused for the lock */
     assert_int_equal(r, AT_ADMITTED);
     assert_true(took < 1000 * MS);
+    zone_free(z);
+}
+
+/* Readings taken side by side: a request that finds the ledger's reading
+ * stale while another's is still in flight reads for itself and is decided
+ * on that, not on the stale one; the reading begun first lands last and is
+ * dropped. Here the first reading is held in a FIFO while the memory runs
+ * out. */
+static void test_reading_in_flight_is_not_trusted(void **state)
+{
+    fifo_writer_t writer = {-1, 0};
+    waiter_t first;
+    pthread_t th, wth;
+    at_ticket_t t;
+    at_result_t r;
+    at_zone_t *z;
+    (void)state;
+
+    meminfo(10240 * MiB);
+    z = zone_mem(2, 0, 100 * MiB, FOREVER);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t);
+    usleep(AT_MEM_READ_US + 20 * MS); /* that reading is stale now */
+
+    first = (waiter_t){z, AT_ERROR, {0}, 0};
+    writer.fd = request_stuck_in_reading(&first, &th);
+    meminfo(50 * MiB); /* replaces the FIFO the first reader holds */
+    pthread_create(&wth, NULL, release_fifo, &writer); /* 10 GiB, begun first */
+
+    r = at_zone_acquire(z, &t, NULL, NULL);
+    __atomic_store_n(&writer.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(wth, NULL);
+    pthread_join(th, NULL);
+    if (r == AT_ADMITTED) {
+        at_zone_release(z, &t);
+    }
+    if (first.result == AT_ADMITTED) {
+        at_zone_release(z, &first.t);
+    }
+    assert_int_equal(r, AT_REJECTED_FULL);
+    assert_int_equal(first.result, AT_REJECTED_FULL);
+    assert_true(stats_of(z).mem_avail == 50 * MiB);
     zone_free(z);
 }
 
@@ -529,6 +581,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unreadable_fails_open, fresh_root,
                                         remove_root),
         cmocka_unit_test_setup_teardown(test_no_mem_no_reading, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_reading_in_flight_is_not_trusted, fresh_root,
+                                        remove_root),
         cmocka_unit_test_setup_teardown(test_slow_reading_outside_the_lock, fresh_root,
                                         remove_root),
     };
