@@ -45,7 +45,7 @@ my $s = status_auto();
 ok t_cmp($s->{'Throttle.autocpu.LimitAuto'} . ' ' . $s->{'Throttle.autocpu.Limit'},
          '1 ' . ($cpus * 2 > 16 ? 16 : $cpus * 2), 'limit=auto starts at twice the CPUs');
 
-my @cpu = limit_under_load('autocpu', '/autocpu/burn.cgi?ms=50', 10, 22);
+my @cpu = with_cpus(sub { limit_under_load('autocpu', '/autocpu/burn.cgi?ms=50', 10, 22) });
 my @cpu_modes = @modes;
 my @tail = @cpu[-32 .. -1];
 my $m = mean(@tail);

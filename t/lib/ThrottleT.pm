@@ -17,7 +17,8 @@ use Apache::TestRequest;
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
                  probe_order probe_reset wait_until hostport server_pid
                  load_loop restarts_seen private_server children_of
-                 open_request server_process_of free_port cgi_conf agent_conf configtest);
+                 open_request server_process_of free_port cgi_conf agent_conf configtest
+                 with_cpus);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -200,6 +201,22 @@ sub restarts_seen {
 # { dir, port, pid, get(path), stop(), log() }. It is stopped by pid, and
 # only by the test that started it.
 # A TCP port free on 127.0.0.1 now.
+# Runs $code with the machine's CPUs to this suite alone among the suites
+# t/run-apache-tests runs side by side (it names a lock file in AT_CPU_LOCK):
+# a test that measures what CPU-bound work does to limit=auto needs the
+# CPUs it counts, not a share of them with other CPU-burning tests.
+sub with_cpus {
+    my ($code) = @_;
+    my $lock;
+    if ($ENV{AT_CPU_LOCK}) {
+        open($lock, '>>', $ENV{AT_CPU_LOCK}) or die "$ENV{AT_CPU_LOCK}: $!";
+        flock($lock, LOCK_EX) or die "flock: $!";
+    }
+    my @r = $code->();
+    close $lock if $lock;
+    return @r;
+}
+
 sub free_port {
     my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1)
         or die "no free port: $!";
