@@ -62,7 +62,7 @@ if (!$hanger) {
 wait_until(sub { -s $holder_file }, 10) or die 'the hook never fired';
 my $holder = do { local (@ARGV, $/) = ($holder_file); <> };
 $holder =~ s/\s+//g;
-kill 'STOP', $holder;
+stop_process($holder);
 
 # A new definition, and a graceful restart.
 my $conf = do { local (@ARGV, $/) = ("$srv->{dir}/httpd.conf"); <> };

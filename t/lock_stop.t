@@ -60,7 +60,7 @@ if (!$hanger) {
 wait_until(sub { -s $holder_file }, 10) or die 'the hook never fired';
 my $holder = do { local (@ARGV, $/) = ($holder_file); <> };
 $holder =~ s/\s+//g;
-kill 'STOP', $holder;
+stop_process($holder);
 
 # Three requests of the zone at once: each refused after its 1 s.
 my @kids = map { bg_get('/zoned.txt', port => $srv->{port}) } 1 .. 3;

@@ -11,6 +11,7 @@ use File::Temp qw(tempdir);
 use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
 use Fcntl qw(:flock);
+use IO::Select;
 use Apache::Test;
 use Apache::TestRequest;
 
@@ -18,7 +19,7 @@ our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count pr
                  probe_order probe_reset wait_until hostport server_pid
                  load_loop restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
-                 with_cpus);
+                 with_cpus stop_process);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -49,8 +50,13 @@ sub http_get {
     my $sock = connect_server(%opt);
     my $extra = join '', map { "$_: $opt{headers}{$_}\r\n" } keys %{ $opt{headers} || {} };
     print $sock "GET $path HTTP/1.0\r\nHost: " . hostport() . "\r\n$extra\r\n";
-    local $/;
-    my $raw = <$sock> // '';
+    # Bounded, so that a request the server never answers fails its test
+    # instead of hanging the suite (status 0).
+    my ($raw, $deadline, $sel) = ('', $t0 + ($opt{timeout} // 60), IO::Select->new($sock));
+    while ((my $left = $deadline - time) > 0) {
+        last unless $sel->can_read($left);
+        last unless sysread($sock, $raw, 65536, length $raw);
+    }
     close $sock;
     my ($head, $body) = split /\r\n\r\n/, $raw, 2;
     my ($status) = ($head // '') =~ m{^HTTP/\d\.\d (\d+)};
@@ -215,6 +221,19 @@ sub with_cpus {
     my @r = $code->();
     close $lock if $lock;
     return @r;
+}
+
+# SIGSTOP, as a debugger does, and wait until every thread of the process
+# has stopped: kill() returns before they have, and a thread still running
+# could take one more connection from the listener meanwhile.
+sub stop_process {
+    my ($pid) = @_;
+    kill 'STOP', $pid or die "SIGSTOP $pid: $!";
+    my $stopped = sub {
+        my @t = glob "/proc/$pid/task/*/stat";
+        return @t && !grep { (do { local (@ARGV, $/) = ($_); <> } // '') !~ /^\d+ \(.*\) [Tt] / } @t;
+    };
+    wait_until($stopped, 10) or die "process $pid did not stop";
 }
 
 sub free_port {
