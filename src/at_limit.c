@@ -176,7 +176,7 @@ static int step_was_long(const at_limit_t *c)
  * after steps that paid overshot: the best level lies between, so the
  * search goes on the same way at once (probe_between). Returns whether it
  * overshot. */
-static int settle(at_limit_t *c)
+static int return_to_held(at_limit_t *c)
 {
     int overshot = step_was_long(c);
     int below_cores = c->dir < 0 && under_cores(c, c->limit);
@@ -192,9 +192,9 @@ static int settle(at_limit_t *c)
 
 /* The geometric middle of the held level and `other`, tried at once
  * against the held level's reference: one step instead of a walk of small
- * ones. Below a step down that overshot (row 14) or a long step up that
- * reached the knee (row 11, mode BETWEEN); above, after a long step up
- * that gained too little (row 10). Returns whether there is a level
+ * ones. Below a step down that overshot, or a long step up that reached
+ * the knee (mode BETWEEN); above, after a long step up that gained too
+ * little. Returns whether there is a level
  * between. */
 static int probe_between(at_limit_t *c, double other, at_limit_mode_t mode)
 {
@@ -386,11 +386,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     c->run = 0;
     forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
-        /* row 16 */
+        /* the work grew heavier: shed */
         shed(c, share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
         return;
     }
-    /* row 17 */
+    /* the work grew lighter: step, from this window as the reference */
     reference_is(c, x, conc);
     c->settled = c->limit;
     c->baseline_us = w->service_us;
@@ -467,29 +467,29 @@ static int gained_on_long_step_up(const at_limit_t *c, double x)
 }
 
 /* STEP, PROBE, BETWEEN: the window judges the step under test.
- * The comments' row numbers are those of docs/adaptive-limit.md's table. */
+ * The rules are those of docs/adaptive-limit.md's table, in its order. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     int paid, waiting, overshot, was_down = c->dir < 0;
     double failed;
 
     if (look_again_if_changed(c, w, x, conc)) {
-        /* Row 8. The window before the step measured other work: it
-         * cannot judge the step. */
+        /* The service time moved more than the step explains: the window
+         * before the step measured other work and cannot judge it. */
         return;
     }
     paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
     if (paid == 1 && needs_confirming(c, x, conc)) {
-        /* Row 9. Same level, same reference: the next window judges it
-         * again. */
+        /* A step paid but is not yet confirmed: same level, same
+         * reference, the next window judges it again. */
         c->passes++;
         return;
     }
     if (paid == 0 && gained_on_long_step_up(c, x)
         && probe_between(c, c->limit, AT_MODE_STEP)) {
-        /* Row 10. Judged against the held level's reference, which the
-         * failed step left as it was. */
+        /* A long step up failed but gained: judged against the held
+         * level's reference, which the failed step left as it was. */
         return;
     }
     c->passes = 0;
@@ -505,24 +505,26 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         reference_is(c, x, conc);
         c->top |= knee;
         if (knee && long_step && probe_between(c, below, AT_MODE_BETWEEN)) {
-            /* Row 11: a step down at the top, confirmed like a probe there. */
+            /* The knee, after a long step: a step down at the top,
+             * confirmed like a probe there. */
             return;
         }
         if (knee) {
             /* Diminishing returns: the next step is the smallest. */
             c->run = 0;
         }
-        take_step(c, c->dir); /* row 12 */
+        take_step(c, c->dir); /* the step paid: go on the same way */
         c->mode = AT_MODE_STEP;
         return;
     }
     /* Rows 12 - 14: back to the held level, whose reference still holds. */
     failed = c->limit;
     c->top |= paid == 0 && c->dir > 0;
-    overshot = settle(c);
+    overshot = return_to_held(c);
     if (paid == 0 && was_down && c->settled < c->max && waiting) {
-        /* Row 13. Throughput fell with concurrency and the work waits rather than
-         * computes: more of it may pay. Look above at once, instead of
+        /* A step down failed and the work waits: throughput fell with
+         * concurrency and the work waits rather than computes, so more of
+         * it may pay. Look above at once, instead of
          * holding: after the load turns from computing to waiting, this is
          * what gets the limit climbing within seconds. While work turns
          * to computing, throughput also seems to fall with a step down
@@ -532,8 +534,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         c->next_probe = +1;
     }
     else if (overshot && failed < c->settled) {
-        /* Row 14. Not up: a second probe up is a second chance for noise
-         * to look like a gain. */
+        /* A long step failed: it overshot. Not up: a second probe up is a
+         * second chance for noise to look like a gain. */
         probe_between(c, failed, AT_MODE_STEP);
     }
 }
@@ -546,7 +548,7 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
     int new_pool;
 
     if (service_changed(c->baseline_us, service_us)) {
-        look_again(c, c->baseline_us, w, x, conc); /* row 3 */
+        look_again(c, c->baseline_us, w, x, conc); /* the work changed while held */
         return;
     }
     new_pool = pool_reference(c, x, conc, w->service_rse);
@@ -554,15 +556,15 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
                                               + BASELINE_WEIGHT * service_us
                                          : service_us;
     if (c->hold > 0) {
-        c->hold--; /* row 4 */
+        c->hold--; /* still holding, or a new reference pool */
         return;
     }
     if (new_pool) {
-        /* Row 4. One window off the pool may be a dip, not a drift: a step
+        /* Still holding. One window off the pool may be a dip, not a drift: a step
          * down judged against a dip alone looks free. */
         return;
     }
-    probe(c, c->next_probe); /* row 5 */
+    probe(c, c->next_probe); /* the hold ran out: probe the way due */
     c->mode = AT_MODE_PROBE;
 }
 
@@ -577,9 +579,9 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
 static void shed_window(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     if (look_again_if_changed(c, w, x, conc)) {
-        return; /* row 6 */
+        return; /* the work changed again since the shed */
     }
-    c->mode = AT_MODE_HOLD; /* row 7, through row 5 */
+    c->mode = AT_MODE_HOLD; /* after a shed, probe as from a hold */
     hold_window(c, x, conc, w);
 }
 
@@ -595,10 +597,11 @@ static int slowed_under_the_limit(const at_limit_t *c, const at_window_t *w,
            && w->service_us > WORK_CHANGED * c->baseline_us;
 }
 
-/* Row 2. Demand stayed under the limit: nobody waited, so the level is
+/* Nobody waited. Demand stayed under the limit: nobody waited, so the level is
  * good enough, and the window says nothing about another one. The limit
  * never grows here, however fast requests are served. The service time
- * is kept as the level's only if it has none yet (row 1 compares with it):
+ * is kept as the level's only if it has none yet (the check for a service
+ * time grown while nobody waited compares with it):
  * with fewer running it is shorter than at the limit. */
 static void under_demand(at_limit_t *c, const at_window_t *w)
 {
@@ -651,7 +654,8 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     conc = w->inflight;
     c->recent_us = w->service_us;
     if (w->limited < 0.5 && slowed_under_the_limit(c, w, conc)) {
-        /* Row 1: the level that ran is the one to shed from. */
+        /* Nobody waited, yet the service time grew with more running than
+         * the cores: the level that ran is the one to shed from. */
         c->limit = clamp(c, ceil(conc));
         look_again(c, c->baseline_us, w, x, conc);
     }

@@ -386,7 +386,7 @@ apr_uint32_t at_conf_highest_limit(const at_zone_conf_t *c)
 
 /* min and max (0 until given: both are at least 1) bound an automatic
  * limit, which starts at twice the CPUs. */
-static const char *settle_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
+static const char *bound_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
 {
     apr_uint64_t start, top;
 
@@ -501,7 +501,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     if (seen[key_index("per_client_v6")] && !c.per_client) {
         return "per_client_v6 goes with per_client=N";
     }
-    if ((auto_err = settle_auto_limit(p, &c))) {
+    if ((auto_err = bound_auto_limit(p, &c))) {
         return auto_err;
     }
     if (c.reserve && c.reserve >= at_conf_highest_limit(&c)) {

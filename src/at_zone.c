@@ -97,9 +97,10 @@ struct at_zone {
     apr_uint64_t next_ticket;
     apr_int64_t last_reclaim_us;
     apr_uint64_t service_ewma_us;
-    /* a running median of service times: what Retry-After and predictive
-     * rejection go by, which one slow request moves by an eighth at most */
-    apr_uint64_t service_med_us;
+    /* a moving mean of service times in which one request counts for at
+     * most twice the current value (at_typical_service_after): what
+     * Retry-After and predictive rejection go by */
+    apr_uint64_t typical_service_us;
 
     at_zone_counters_t counters;
     apr_uint32_t over_cap;
@@ -178,7 +179,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, free_waiter),  AT_FIELD(at_zone_t, qhead),
     AT_FIELD(at_zone_t, qtail),        AT_FIELD(at_zone_t, next_ticket),
     AT_FIELD(at_zone_t, last_reclaim_us), AT_FIELD(at_zone_t, service_ewma_us),
-    AT_FIELD(at_zone_t, service_med_us), AT_FIELD(at_zone_t, counters),
+    AT_FIELD(at_zone_t, typical_service_us), AT_FIELD(at_zone_t, counters),
     AT_FIELD(at_zone_t, over_cap),     AT_FIELD(at_zone_t, queued_at),
     AT_FIELD(at_zone_t, prio),         AT_FIELD(at_zone_t, codel),
     AT_FIELD(at_zone_t, retry),        AT_FIELD(at_zone_t, wait_all),
@@ -600,7 +601,7 @@ static apr_uint32_t retry_ceiling(const at_zone_t *z)
 
 static apr_uint32_t retry_floor(const at_zone_t *z)
 {
-    return at_retry_after_secs(z->queued, z->service_med_us, z->limit,
+    return at_retry_after_secs(z->queued, z->typical_service_us, z->limit,
                                z->retry_after_max);
 }
 
@@ -828,7 +829,9 @@ static void tidy_left(at_zone_t *z)
     dispatch(z);
 }
 
-static int locked(at_zone_t *z, int rc)
+/* The new holder catches up: it tidies the records that waiters left
+ * without the lock, and applies a configuration published since. */
+static int catch_up_on_lock(at_zone_t *z, int rc)
 {
     if (rc == 0) {
         /* a load first: the common case writes nothing */
@@ -851,14 +854,14 @@ apr_uint32_t at_test_lock_count;
 static int zone_lock(at_zone_t *z)
 {
     COUNT_LOCK();
-    return locked(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
+    return catch_up_on_lock(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
 }
 
 /* For the server's parent, which must never wait on a child: EBUSY if the
  * lock is held (by a process that may be stopped or hung). */
 static int zone_trylock(at_zone_t *z)
 {
-    return locked(z, zone_lock_result(z, pthread_mutex_trylock(&z->lock)));
+    return catch_up_on_lock(z, zone_lock_result(z, pthread_mutex_trylock(&z->lock)));
 }
 
 /* Waits for the lock until the monotonic time until_us (at_now_us's clock):
@@ -891,7 +894,7 @@ static int zone_lock_until(at_zone_t *z, apr_int64_t until_us)
         rc = pthread_mutex_timedlock(&z->lock, &ts);
     }
 #endif
-    return locked(z, zone_lock_result(z, rc));
+    return catch_up_on_lock(z, zone_lock_result(z, rc));
 }
 
 static void zone_unlock(at_zone_t *z)
@@ -1304,7 +1307,7 @@ static void record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
     z->service_ewma_us = z->service_ewma_us
                              ? (z->service_ewma_us * 7 + (apr_uint64_t)us) / 8
                              : (apr_uint64_t)us;
-    z->service_med_us = at_typical_service_after(z->service_med_us, us);
+    z->typical_service_us = at_typical_service_after(z->typical_service_us, us);
 }
 
 /* What the controller is given, for LogLevel adaptive_throttle:trace1:
@@ -1348,10 +1351,10 @@ static int wait_predicted_too_long(const at_zone_t *z, int priority,
 {
     apr_uint64_t est;
 
-    if (!z->limit_auto || !z->service_med_us || !z->limit) {
+    if (!z->limit_auto || !z->typical_service_us || !z->limit) {
         return 0;
     }
-    est = ((apr_uint64_t)queued_ahead(z, priority) + 1) * z->service_med_us / z->limit;
+    est = ((apr_uint64_t)queued_ahead(z, priority) + 1) * z->typical_service_us / z->limit;
     return est > (apr_uint64_t)timeout_us;
 }
 
@@ -1505,7 +1508,7 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         }
         now = at_now_us();
         deadline = at_codel_deadline(&z->codel, start, full_deadline, now,
-                                     __atomic_load_n(&z->service_med_us, __ATOMIC_RELAXED));
+                                     __atomic_load_n(&z->typical_service_us, __ATOMIC_RELAXED));
         /* The head of the queue looks for the dead every interval, the
          * others every fourth, in case the head is the one that died. */
         head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED) == wi;
@@ -1565,7 +1568,7 @@ static at_result_t wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             return AT_REJECTED_FULL;
         }
         deadline =
-            at_codel_deadline(&z->codel, start, full_deadline, now, z->service_med_us);
+            at_codel_deadline(&z->codel, start, full_deadline, now, z->typical_service_us);
         if (now >= deadline) {
             at_result_t r = give_up_waiting(
                 z, wi,
@@ -1681,7 +1684,7 @@ static int evict_for(at_zone_t *z, int priority)
 }
 
 /* Priorities outside the range are taken as its nearest end. */
-static void settle_request(at_request_t *rq, const at_zone_t *z)
+static void fill_request_defaults(at_request_t *rq, const at_zone_t *z)
 {
     static const at_client_key_t nobody;
 
@@ -1707,7 +1710,7 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
     int rc;
 
     ticket_clear(t, 0);
-    settle_request(&rq, z); /* reads the zone's timeout without the lock */
+    fill_request_defaults(&rq, z); /* reads the zone's timeout without the lock */
     mem_read_before_lock(z, &m);
     if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
         t->wait_us = at_now_us() - start;
@@ -1887,8 +1890,8 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->reserve = z->reserve;
     o->codel_target_us = z->codel.target_us;
     o->codel_interval_us =
-        z->codel.target_us ? at_codel_interval(&z->codel, z->service_med_us) : 0;
-    o->standing_us = at_codel_standing_for(&z->codel, now, z->service_med_us);
+        z->codel.target_us ? at_codel_interval(&z->codel, z->typical_service_us) : 0;
+    o->standing_us = at_codel_standing_for(&z->codel, now, z->typical_service_us);
     for (i = 0; i < AT_PRIORITIES; i++) {
         o->priority[i].admitted = z->prio[i].admitted;
         o->priority[i].rejected = z->prio[i].rejected;
