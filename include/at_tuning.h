@@ -12,6 +12,9 @@
 #define AT_RECLAIM_INTERVAL_US 250000
 /* The longest a status read or an error page waits for a zone's lock. */
 #define AT_GLANCE_LOCK_US 200000
+/* The longest a request that is done waits for its zone's lock to give its
+ * slot back; then the next holder does it. */
+#define AT_RELEASE_LOCK_US 200000
 /* limit=auto judges windows of at least this long, and at least the
  * service times at_limit_window_services() asks for, up to
  * AT_AUTO_WINDOW_LONG_US for the AT_LIMIT_WINDOW_SERVICES of a climb (twice

@@ -53,7 +53,7 @@ typedef struct {
     apr_uint64_t ticket;
     apr_int64_t since_us;
     apr_int32_t next_free;
-    apr_int32_t pad;
+    apr_int32_t released; /* let go without the lock: the next holder frees it */
     at_client_key_t client;
     unsigned char client_pad[7]; /* shared layouts name their padding */
 } at_slot_t;
@@ -152,7 +152,7 @@ struct at_zone {
 
 static const at_field_t slot_fields[] = {
     AT_FIELD(at_slot_t, owner),     AT_FIELD(at_slot_t, ticket), AT_FIELD(at_slot_t, since_us),
-    AT_FIELD(at_slot_t, next_free), AT_FIELD(at_slot_t, pad),    AT_FIELD(at_slot_t, client),
+    AT_FIELD(at_slot_t, next_free), AT_FIELD(at_slot_t, released), AT_FIELD(at_slot_t, client),
     AT_FIELD(at_slot_t, client_pad)};
 
 static const at_field_t waiter_fields[] = {
@@ -446,6 +446,7 @@ static void slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
     at_slot_t *s = &slots(z)[i];
 
     s->ticket = ticket;
+    s->released = 0;
     AT_STEP(AT_STEP_SLOT_FILL, 1);
     s->since_us = now;
     s->client = *client;
@@ -478,6 +479,7 @@ static void slot_put(at_zone_t *z, apr_int32_t i)
     client_remove(z, &s->client);
     s->owner.pid = 0;
     s->ticket = 0;
+    s->released = 0;
     s->next_free = z->free_slot;
     z->free_slot = i;
     z->active--;
@@ -803,10 +805,18 @@ static int zone_lock_result(at_zone_t *z, int rc)
 
 static void apply_published_conf(at_zone_t *z);
 
-/* Lock held: frees the records whose waiters left without the lock. */
+/* Lock held: frees the records whose waiters left without the lock, and
+ * the slots let go without it. */
 static void tidy_left(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
+    at_slot_t *s = slots(z);
+
+    for (apr_uint32_t i = 0; i < z->nslots; i++) {
+        if (s[i].owner.pid != 0 && __atomic_load_n(&s[i].released, __ATOMIC_ACQUIRE)) {
+            slot_put(z, (apr_int32_t)i);
+        }
+    }
 
     for (apr_uint32_t i = 0; i < z->nwaiters; i++) {
         apr_int32_t st = __atomic_load_n(&w[i].state, __ATOMIC_ACQUIRE);
@@ -1803,6 +1813,26 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
     return r;
 }
 
+/* A request that is done waits for the lock a moment at most: a holder
+ * stopped or hung must not keep it, its worker and its client's
+ * connection. Past that its slot is marked let go, and the next holder
+ * frees it (its service time is not counted). 0 if the lock is held. */
+static int release_lock(at_zone_t *z, at_ticket_t *t)
+{
+    int rc = zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US);
+
+    if (rc == ETIMEDOUT) {
+        at_slot_t *s = &slots(z)[t->slot];
+
+        if (__atomic_load_n(&s->ticket, __ATOMIC_ACQUIRE) == t->ticket) {
+            __atomic_store_n(&s->released, 1, __ATOMIC_RELEASE);
+            __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
+        }
+        t->slot = NONE;
+    }
+    return rc;
+}
+
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
     apr_int64_t service = -1, now;
@@ -1813,7 +1843,7 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         return -1;
     }
     mem_read_before_lock(z, &m);
-    if (zone_lock(z) != 0) {
+    if (t->over_cap ? zone_lock(z) != 0 : release_lock(z, t) != 0) {
         return -1;
     }
     mem_apply_locked(z, &m);

@@ -454,6 +454,57 @@ static void test_stopped_lock_holder_bounds_waits(void **state)
     zone_free(z);
 }
 
+/* Lets a stopped lock holder go on after 3 s, or as soon as told: a build
+ * whose release waits for the lock for ever fails the test, not hangs it. */
+typedef struct {
+    pid_t holder;
+    int go;
+} cont_arg_t;
+
+static void *cont_later(void *arg)
+{
+    cont_arg_t *c = arg;
+
+    for (int i = 0; i < 3000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    kill(c->holder, SIGCONT);
+    return NULL;
+}
+
+/* A request that is done gives its slot back though a stopped process
+ * holds the lock: it waits AT_RELEASE_LOCK_US at most (its worker and its
+ * client's connection with it), and the next holder frees the slot. */
+static void test_release_while_lock_held(void **state)
+{
+    at_zone_t *z = zone_new(1, 2, 300 * MS);
+    at_ticket_t t;
+    cont_arg_t c = {0, 0};
+    pthread_t th;
+    apr_int64_t t0, took;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    c.holder = fork_stopped_lock_holder(z);
+    pthread_create(&th, NULL, cont_later, &c);
+    t0 = at_now_us();
+    at_zone_release(z, &t);
+    took = at_now_us() - t0;
+    __atomic_store_n(&c.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    assert_true(took >= AT_RELEASE_LOCK_US);
+    assert_true(took < 2000 * MS);
+
+    /* the holder let go: the slot is free again, and counted so */
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(stats_of(z).active, 1);
+    at_zone_release(z, &t);
+    assert_int_equal(stats_of(z).active, 0);
+    kill(c.holder, SIGKILL);
+    waitpid(c.holder, NULL, 0);
+    zone_free(z);
+}
+
 /* A waiter whose deadline passes while the lock is held leaves the queue
  * without the lock; the next holder tidies its record, and the slot it
  * would have had goes to nobody who has left. */
@@ -1139,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_one_reclaim_at_a_time),
         cmocka_unit_test(test_lock_holder_dies),
         cmocka_unit_test(test_stopped_lock_holder_bounds_waits),
+        cmocka_unit_test(test_release_while_lock_held),
         cmocka_unit_test(test_waiter_leaves_without_the_lock),
         cmocka_unit_test(test_reconfigure_keeps_state),
         cmocka_unit_test(test_successor_counts_what_runs_in_the_old_zone),
