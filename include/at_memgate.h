@@ -52,8 +52,9 @@ int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now
                      apr_uint32_t active, at_memgate_young_fn young, void *ctx);
 
 /* Whether one more request may start now, by the last reading and the
- * promises since (1 when the gate is open or no reading could be had). */
-int at_memgate_estimate(const at_memgate_t *g);
+ * promises since (1 when the gate is open or no reading could be had; 0
+ * when the last reading is too old to decide on). */
+int at_memgate_estimate(const at_memgate_t *g, apr_int64_t now);
 
 void at_memgate_started(at_memgate_t *g);
 /* A request that ran ran_us ended. */

@@ -27,6 +27,9 @@
  * room, and while memory holds requests back. */
 #define AT_MEM_READ_US 250000
 #define AT_MEM_REREAD_US 20000
+/* A reading older than this (its request waited long for the lock, or was
+ * stopped) is not decided on: the request waits for a new one. */
+#define AT_MEM_TRUST_US 500000
 /* A request's memory is taken to show in the readings at the latest this
  * long after it started; one that ends sooner than AT_MEM_QUICK_US is
  * taken to have taken none. */

@@ -28,7 +28,8 @@ int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *
     at_mem_source_t source;
 
     if (!__atomic_load_n(&g->bytes, __ATOMIC_RELAXED)
-        || !(age >= AT_MEM_READ_US || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g)))) {
+        || !(age >= AT_MEM_READ_US
+             || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g, now)))) {
         return 0;
     }
     r->at_us = now;
@@ -92,11 +93,16 @@ int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now
 }
 
 /* The last reading, less what has been promised to requests the readings
- * do not show yet, must hold mem=. */
-int at_memgate_estimate(const at_memgate_t *g)
+ * do not show yet, must hold mem=. A reading older than AT_MEM_TRUST_US
+ * (taken before a long wait for the lock, or a stop) holds nothing back
+ * from the machine: the request waits for a new one. */
+int at_memgate_estimate(const at_memgate_t *g, apr_int64_t now)
 {
-    return !g->bytes || g->source == AT_MEM_UNREAD
-           || (g->avail > g->pending && g->avail - g->pending >= g->bytes);
+    if (!g->bytes || g->source == AT_MEM_UNREAD) {
+        return 1;
+    }
+    return now - g->read_us <= AT_MEM_TRUST_US && g->avail > g->pending
+           && g->avail - g->pending >= g->bytes;
 }
 
 void at_memgate_started(at_memgate_t *g)

@@ -501,10 +501,11 @@ static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settl
     return n;
 }
 
-static int mem_allows(at_zone_t *z, apr_int64_t now)
+/* Judged at this moment: a reading that was fresh before a long wait for
+ * the lock is not any more. */
+static int mem_allows(at_zone_t *z)
 {
-    (void)now;
-    return at_memgate_estimate(&z->mem);
+    return at_memgate_estimate(&z->mem, at_now_us());
 }
 
 /* mem=: a reading is taken before the lock (if one is due), applied right
@@ -661,7 +662,7 @@ static void dispatch(at_zone_t *z)
     apr_int64_t now = at_now_us();
 
     while (z->qhead != NONE && running(z) < slots_for(z, w[z->qhead].priority) &&
-           z->free_slot != NONE && mem_allows(z, now)) {
+           z->free_slot != NONE && mem_allows(z)) {
         apr_int32_t i = z->qhead, slot;
 
         queue_unlink(z, i);
@@ -1439,9 +1440,9 @@ static int slot_free_for_newcomer(const at_zone_t *z, int priority)
            (z->qhead == NONE || waiters((at_zone_t *)z)[z->qhead].priority < priority);
 }
 
-static int can_run_now(at_zone_t *z, int priority, apr_int64_t now)
+static int can_run_now(at_zone_t *z, int priority)
 {
-    return slot_free_for_newcomer(z, priority) && mem_allows(z, now);
+    return slot_free_for_newcomer(z, priority) && mem_allows(z);
 }
 
 /* Leave the queue without a slot, counted as refused for this reason. */
@@ -1745,7 +1746,7 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
         unlock_after_mem(z, &m);
         return r;
     }
-    if (can_run_now(z, rq.priority, start)) {
+    if (can_run_now(z, rq.priority)) {
         grant_now(z, t, at_owner_self(), &rq, start);
         unlock_after_mem(z, &m);
         return AT_ADMITTED;
@@ -1800,7 +1801,7 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
         return lock_refusal(z, rc);
     }
     t->ticket = ++z->next_ticket;
-    if (can_run_now(z, 0, now)) {
+    if (can_run_now(z, 0)) {
         t->slot = slot_take(z, at_owner_self(), t->ticket, &nobody, now);
         at_memgate_started(&z->mem);
         t->granted_us = now;

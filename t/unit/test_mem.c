@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "at_mem.h"
@@ -560,6 +561,37 @@ static void test_reading_in_flight_is_not_trusted(void **state)
     zone_free(z);
 }
 
+/* A reading taken before a long wait for the lock is not decided on: the
+ * memory may have run out meanwhile. Here the request's reading (10 GiB,
+ * from a FIFO) is taken while another process holds the lock, memory then
+ * runs out, and the lock comes free more than AT_MEM_TRUST_US later. */
+static void test_reading_outlived_by_lock_wait(void **state)
+{
+    fifo_writer_t writer = {-1, 1};
+    waiter_t late;
+    pthread_t th;
+    pid_t holder;
+    at_zone_t *z;
+    (void)state;
+
+    z = zone_mem(2, 0, 100 * MiB, FOREVER);
+    holder = fork_stopped_lock_holder(z);
+    late = (waiter_t){z, AT_ERROR, {0}, 0};
+    writer.fd = request_stuck_in_reading(&late, &th);
+    meminfo(50 * MiB); /* replaces the FIFO the request holds */
+    release_fifo(&writer); /* its reading: 10 GiB */
+    usleep(AT_MEM_TRUST_US + 100 * MS); /* its reading ages, waiting */
+    kill(holder, SIGCONT);
+    pthread_join(th, NULL);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    if (late.result == AT_ADMITTED) {
+        at_zone_release(z, &late.t);
+    }
+    assert_int_equal(late.result, AT_REJECTED_FULL);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -584,6 +616,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reading_in_flight_is_not_trusted, fresh_root,
                                         remove_root),
         cmocka_unit_test_setup_teardown(test_slow_reading_outside_the_lock, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_reading_outlived_by_lock_wait, fresh_root,
                                         remove_root),
     };
 

@@ -405,25 +405,6 @@ static void test_lock_holder_dies(void **state)
     zone_free(z);
 }
 
-/* A child that takes the zone's lock and is stopped holding it (SIGSTOP,
- * a debugger); SIGCONT lets it go on and release the lock. */
-static pid_t fork_stopped_lock_holder(at_zone_t *z)
-{
-    pid_t pid = fork();
-    int st;
-
-    if (pid == 0) {
-        at_zone_debug_take_lock(z);
-        raise(SIGSTOP);
-        at_zone_debug_release_lock(z);
-        pause();
-        _exit(0);
-    }
-    assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
-    assert_true(WIFSTOPPED(st));
-    return pid;
-}
-
 /* A stopped lock holder holds no request past its deadline: newcomers are
  * refused when their time is up, the status reads what it can, marked
  * stale; when the holder goes on, all is as before. */

@@ -2,7 +2,9 @@
 #ifndef ZONE_TEST_UTIL_H
 #define ZONE_TEST_UTIL_H
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "at_zone.h"
 
@@ -88,6 +90,25 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
     assert_int_equal(c, 'y');
     close(fd[0]);
     close(fd[1]);
+    return pid;
+}
+
+/* A child that takes the zone's lock and is stopped holding it (SIGSTOP,
+ * a debugger); SIGCONT lets it go on and release the lock. */
+static inline pid_t fork_stopped_lock_holder(at_zone_t *z)
+{
+    pid_t pid = fork();
+    int st;
+
+    if (pid == 0) {
+        at_zone_debug_take_lock(z);
+        raise(SIGSTOP);
+        at_zone_debug_release_lock(z);
+        pause();
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(st));
     return pid;
 }
 #endif
