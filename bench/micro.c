@@ -49,8 +49,9 @@ static void *hammer(void *unused)
 {
     (void)unused;
     for (long i = 0; i < pairs_per_thread; i++) {
+        at_request_t rq = {.may_wait = 1};
         at_ticket_t t;
-        at_result_t r = at_zone_acquire(zone, &t, NULL, NULL);
+        at_result_t r = at_zone_acquire_req(zone, &t, &rq, NULL, NULL);
         if (r != AT_ADMITTED && r != AT_QUEUED) {
             fprintf(stderr, "unexpected result %d\n", r);
             exit(1);

@@ -8,35 +8,7 @@
 
 #include <apr_pools.h>
 
-#define AT_LIMIT_MAX 100000
-#define AT_QUEUE_MAX 100000
-#define AT_TIMEOUT_MAX_US (3600 * APR_INT64_C(1000000))
-#define AT_RETRY_AFTER_MAX 86400
-#define AT_ZONE_NAME_MAX 48
-#define AT_RETRY_AFTER_AUTO 0
-
-typedef struct {
-    apr_uint32_t limit;
-    apr_uint32_t queue;
-    apr_int64_t timeout_us;
-    apr_uint32_t retry_after; /* seconds; AT_RETRY_AFTER_AUTO = estimate */
-    int dry_run;              /* decide and count, never delay or refuse */
-    apr_uint32_t per_client;  /* running + waiting per client; 0: no limit */
-    int limit_auto;           /* limit=auto: limit is only where it starts */
-    apr_uint32_t limit_min, limit_max; /* bounds of an automatic limit */
-    apr_uint32_t max_from;    /* where limit_max came from: an at_max_from_t */
-    int queue_default;        /* queue= not given: 10 x the (starting) limit */
-    apr_uint64_t mem_bytes;   /* memory each request needs free; 0: none */
-    apr_uint32_t cores;       /* online CPUs, for an automatic limit */
-    apr_uint32_t pad;
-    apr_uint64_t read_body;   /* body bytes read before a slot is taken; 0: off */
-    apr_uint32_t retry_after_max;  /* ceiling of retry_after=auto; 0: the default */
-    apr_uint32_t client_v6_prefix; /* per_client: IPv6 prefix length; 0: the default */
-    apr_uint32_t refuse_status;    /* status=: 503 (the default) or 429 */
-    apr_uint32_t reserve;          /* slots kept for priorities above 0 */
-    apr_int64_t codel_target_us;   /* codel=: 0 off */
-    apr_int64_t codel_interval_us; /* codel=TARGET:INTERVAL; 0: from service time */
-} at_zone_conf_t;
+#include "at_zone_conf.h"
 
 #define AT_MEM_MAX (APR_UINT64_C(1) << 50) /* 1 PiB */
 
@@ -44,11 +16,6 @@ typedef struct {
  * held in memory per request. */
 #define AT_READ_BODY_DEFAULT (64 * 1024)
 #define AT_READ_BODY_MAX (16 * 1024 * 1024)
-
-/* retry_after=auto never advises more than this many seconds unless
- * retry_after_max says otherwise: a client told to stay away for minutes
- * is a client lost. */
-#define AT_RETRY_AFTER_CEILING 30
 
 /* status=: what a refused request is answered with. 429 tells a load
  * balancer the request may be replayed on another host and is not a
@@ -82,10 +49,6 @@ const char *at_max_from_name(apr_uint32_t from);
  * zone whose max was given alone. */
 #define AT_AUTO_QUEUE_SHARE 4
 void at_conf_max_from_workers(at_zone_conf_t *c, apr_uint32_t workers);
-
-/* The most slots a definition can ever use: its limit, or for limit=auto
- * its max. */
-apr_uint32_t at_conf_highest_limit(const at_zone_conf_t *c);
 
 const char *at_parse_uint(apr_pool_t *p, const char *s, apr_uint64_t min,
                           apr_uint64_t max, apr_uint64_t *out);

@@ -16,7 +16,7 @@
 #include "at_codel.h"
 #include "at_hist.h"
 #include "at_log.h"
-#include "at_parse.h"
+#include "at_zone_conf.h"
 
 typedef struct at_zone at_zone_t;
 
@@ -181,22 +181,6 @@ at_zone_t *at_zone_let_go_predecessor(at_zone_t *z);
  * returns APR_SUCCESS if the definition is in force, APR_EBUSY if the
  * process holding the lock (or the next to take it) will apply it. */
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
-
-at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
-                            void *ctx);
-
-/* As at_zone_acquire, counting the request against client (NULL: nobody)
- * for the zone's per_client limit. */
-at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
-                                const at_client_key_t *client, at_abort_fn fn,
-                                void *ctx);
-
-/* As at_zone_acquire_for; with may_wait 0 a request that finds no slot is
- * not queued but refused at once (AT_REJECTED_WORKERS): a waiter holds
- * its worker, and the caller knows the server has too few to spare. */
-at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
-                               const at_client_key_t *client, int may_wait,
-                               at_abort_fn fn, void *ctx);
 
 /* The general form: the request's client, whether it may wait, its
  * priority and its timeout. */

@@ -22,6 +22,7 @@
 #include "at_limit.h"
 #include "at_mem.h"
 #include "at_owner.h"
+#include "at_parse.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
 

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "at_parse.h"
 #include "mod_adaptive_throttle.h"
 
 APLOG_USE_MODULE(adaptive_throttle);

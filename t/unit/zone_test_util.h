@@ -6,7 +6,32 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "at_parse.h"
 #include "at_zone.h"
+
+/* The shorter forms the tests use; the module calls at_zone_acquire_req. */
+static inline at_result_t at_zone_acquire_if(at_zone_t *z, at_ticket_t *t,
+                                             const at_client_key_t *client, int may_wait,
+                                             at_abort_fn fn, void *ctx)
+{
+    at_request_t rq = {.client = client, .may_wait = may_wait};
+
+    return at_zone_acquire_req(z, t, &rq, fn, ctx);
+}
+
+/* Counted against client (NULL: nobody) for the zone's per_client. */
+static inline at_result_t at_zone_acquire_for(at_zone_t *z, at_ticket_t *t,
+                                              const at_client_key_t *client,
+                                              at_abort_fn fn, void *ctx)
+{
+    return at_zone_acquire_if(z, t, client, 1, fn, ctx);
+}
+
+static inline at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort_fn fn,
+                                          void *ctx)
+{
+    return at_zone_acquire_for(z, t, NULL, fn, ctx);
+}
 
 /* A zone in anonymous shared memory, so fork()ed children share it. It has
  * spare records, as the module's zones do, so that the limit and the queue

@@ -1,0 +1,220 @@
+/*
+ * The inside of a throttle zone, shared by the files that make it up
+ * (at_zone*.c) and by nothing else: the records and the zone's layout in
+ * shared memory, and the steps one file takes for another. Every function
+ * here expects the zone's lock held unless its comment says otherwise.
+ */
+#ifndef AT_ZONE_IMPL_H
+#define AT_ZONE_IMPL_H
+
+#include "at_zone.h"
+#include "at_limit.h"
+#include "at_memgate.h"
+#include "at_owner.h"
+#include "at_retry.h"
+#include "at_sensor.h"
+
+#include <pthread.h>
+
+/* A zone: "ATZ" and the layout's generation. A zone kept across a restart
+ * onto a build with another layout (zone_layout(), from the structures
+ * themselves) is laid anew. */
+#define ZONE_MAGIC 0x41545a40u
+#define NONE (-1)
+
+/* W_EVICTED: put out of a full queue by a request of higher priority; the
+ * record is the waiter's until it wakes and sees it. W_OVER_CAP: a dry
+ * run's request running beyond the limit, recorded so that its count goes
+ * back when its process dies. A waiter that cannot get the lock by its
+ * deadline leaves without it, by compare-and-swap on its state: W_LEFT (it
+ * was still in the queue), W_GONE (out of the queue: evicted, or granted
+ * and its slot taken, W_TAKEN); the next holder of the lock tidies them. */
+enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED, W_OVER_CAP, W_LEFT, W_GONE, W_TAKEN,
+       W_DROP /* granted, but its waiter's client had gone: the slot goes back */ };
+
+typedef struct {
+    at_owner_t owner;       /* pid 0: free */
+    apr_uint64_t ticket;
+    apr_int64_t since_us;
+    apr_int32_t next_free;
+    apr_int32_t released; /* let go without the lock: the next holder frees it */
+    at_client_key_t client;
+    unsigned char client_pad[7]; /* shared layouts name their padding */
+} at_slot_t;
+
+typedef struct {
+    at_owner_t owner;
+    apr_uint64_t ticket;
+    apr_uint32_t wake;      /* futex word, bumped on every grant */
+    apr_int32_t state;
+    apr_int32_t slot;       /* slot handed over, NONE while waiting */
+    apr_int32_t prev, next; /* queue links; next also links the free list */
+    apr_int32_t priority;
+    at_client_key_t client;
+    unsigned char client_pad[7];
+} at_waiter_t;
+
+/* A priority's totals, kept in the zone. */
+typedef struct {
+    apr_uint64_t admitted, rejected;
+    at_hist_t wait;
+} at_priority_totals_t;
+
+#define PRIO_INDEX(p) ((p)-AT_PRIORITY_MIN)
+
+struct at_zone {
+    apr_uint32_t magic;
+    apr_uint32_t nslots, nwaiters;
+    apr_uint32_t pad0;
+    apr_uint64_t layout; /* zone_layout() of the build that laid it */
+    apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
+    apr_int32_t dry_run;
+    apr_uint32_t lock_broken; /* the lock failed for good: requests pass untouched */
+    apr_uint32_t reserve;
+    apr_int64_t timeout_us;
+    char name[AT_ZONE_NAME_MAX + 1];
+    char name_pad[7];
+    pthread_mutex_t lock;
+
+    apr_uint32_t active, queued;
+    apr_int32_t free_slot, free_waiter, qhead, qtail;
+    apr_uint64_t next_ticket;
+    apr_int64_t last_reclaim_us;
+    apr_uint64_t service_ewma_us;
+    /* a moving mean of service times in which one request counts for at
+     * most twice the current value (at_typical_service_after): what
+     * Retry-After and predictive rejection go by */
+    apr_uint64_t typical_service_us;
+
+    at_zone_counters_t counters;
+    apr_uint32_t over_cap;
+
+    /* priorities: who waits at each, and their totals */
+    apr_uint32_t queued_at[AT_PRIORITIES];
+    at_priority_totals_t prio[AT_PRIORITIES];
+    at_codel_t codel;
+    at_retry_t retry;
+
+    at_hist_t wait_all, service_all;
+    at_hist_t wait_win[2], service_win[2];
+    apr_int64_t win_start_us;
+    apr_int32_t win_cur;
+    apr_int32_t pad1;
+
+    apr_size_t slots_off, waiters_off;
+    /* per_client: requests in per client; every counted request holds a
+     * slot or a waiting record */
+    at_client_table_t clients;
+
+    /* limit=auto: the controller, and what the current window measured */
+    apr_int32_t limit_auto;
+    apr_int32_t pad2;
+    at_limit_t ctl;
+    at_sensor_t sensor;
+
+    /* mem=: the last reading of available memory; the memory promised to
+     * started requests that no reading has shown yet; what requests that
+     * ended since the reading are taken to have given back */
+    at_memgate_t mem;
+
+    /* A definition the server's parent published without the lock (a
+     * child may hold it, stopped or hung): the next holder applies it.
+     * conf_seq is odd while the parent writes conf_pending. */
+    apr_uint32_t conf_seq, conf_applied;
+    at_zone_conf_t conf_pending;
+    /* records left without the lock since the last tidy (W_LEFT...) */
+    apr_uint32_t left;
+    apr_uint32_t pad3;
+    /* The zone this one replaced at a restart (grown past its memory):
+     * what still runs there counts against this zone's limit. An address
+     * in the parent's memory, the same in every child; the parent clears
+     * it before it frees that zone. */
+    at_zone_t *predecessor;
+};
+
+static inline at_slot_t *slots(at_zone_t *z)
+{
+    return (at_slot_t *)((char *)z + z->slots_off);
+}
+
+static inline at_waiter_t *waiters(at_zone_t *z)
+{
+    return (at_waiter_t *)((char *)z + z->waiters_off);
+}
+
+#define ALIGN64(n) (((n) + 63) & ~(apr_size_t)63)
+
+/* limit=auto: what ran and what waited, integrated over time; called
+ * before every change of active or queued, all of which happen under the
+ * lock. */
+static inline void note_change(at_zone_t *z)
+{
+    if (z->limit_auto) {
+        at_sensor_integrate(&z->sensor, at_now_us(), z->active, z->queued);
+    }
+}
+
+/* mem=: a reading is taken before the lock (if one is due), applied right
+ * after taking it, and a failure logged after letting it go: no file read
+ * and no log line while every process of the zone may be waiting. */
+typedef struct {
+    int taken, warn;
+    at_mem_reading_t r;
+} mem_read_t;
+
+/* at_zone_records.c: records, free lists, the priority queue, waking (lock held) */
+void zone_client_add(at_zone_t *z, const at_client_key_t *k);
+void zone_client_remove(at_zone_t *z, const at_client_key_t *k);
+void zone_recount_clients(at_zone_t *z);
+void zone_wake_word(apr_uint32_t *word);
+void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen, apr_int64_t us);
+void zone_rebuild_free_slots(at_zone_t *z);
+void zone_queue_push(at_zone_t *z, apr_int32_t i);
+void zone_queue_unlink(at_zone_t *z, apr_int32_t i);
+void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i);
+void zone_waiter_free(at_zone_t *z, apr_int32_t i);
+apr_int32_t zone_slot_pop_free(at_zone_t *z);
+void zone_slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
+                    apr_uint64_t ticket, const at_client_key_t *client, apr_int64_t now);
+apr_int32_t zone_slot_take(at_zone_t *z, const at_owner_t *owner, apr_uint64_t ticket,
+                           const at_client_key_t *client, apr_int64_t now);
+void zone_slot_put(at_zone_t *z, apr_int32_t i);
+int zone_leave_waiting(at_waiter_t *w, apr_int32_t to);
+
+/* at_zone.c: who runs next (lock held), and mem= around the lock */
+void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);
+void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m);
+void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m);
+void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m);
+apr_uint32_t zone_running(const at_zone_t *z);
+apr_uint32_t zone_slots_for(const at_zone_t *z, int priority);
+apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority);
+void zone_dispatch(at_zone_t *z);
+
+/* at_zone_lock.c: the lock, its repair, and catching up on it */
+int zone_lock(at_zone_t *z);
+int zone_trylock(at_zone_t *z);
+int zone_lock_until(at_zone_t *z, apr_int64_t until_us);
+void zone_unlock(at_zone_t *z);
+at_result_t zone_lock_refusal(at_zone_t *z, int rc);
+
+/* at_zone_life.c: a published definition, applied by the next holder */
+void zone_apply_published_conf(at_zone_t *z);
+
+/* at_zone_stats.c: what the zone counts and measures (lock held) */
+void zone_count_refusal(at_zone_t *z, int priority, apr_int64_t now, int scheduled);
+void zone_count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int64_t now);
+void zone_record_wait(at_zone_t *z, apr_int64_t us, apr_int64_t now);
+void zone_record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now);
+void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now);
+
+/* at_zone_reclaim.c: giving back what dead processes held */
+apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);
+int zone_take_reclaim_if_due(at_zone_t *z, apr_int64_t now);
+
+/* at_zone_wait.c: a queued request waits for its slot */
+at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
+                               apr_int64_t start, apr_int64_t timeout_us,
+                               at_abort_fn abort_fn, void *ctx);
+
+#endif

@@ -1,0 +1,255 @@
+/*
+ * A zone's records: slots and waiting records with their free lists, the
+ * queue in priority order, per-client counts, and the futex word a waiter
+ * sleeps on. The lock is held throughout, except to wake and sleep.
+ */
+#include "at_zone_impl.h"
+#include "at_tuning.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+/* ---- requests per client (lock held): counted while per_client is set -- */
+
+void zone_client_add(at_zone_t *z, const at_client_key_t *k)
+{
+    if (z->per_client) {
+        at_client_add(&z->clients, k);
+    }
+}
+
+void zone_client_remove(at_zone_t *z, const at_client_key_t *k)
+{
+    if (z->per_client) {
+        at_client_remove(&z->clients, k);
+    }
+}
+
+/* The records are the truth: recount from them. */
+void zone_recount_clients(at_zone_t *z)
+{
+    apr_uint32_t i;
+
+    at_client_table_clear(&z->clients);
+    for (i = 0; i < z->nslots; i++) {
+        if (slots(z)[i].owner.pid != 0) {
+            zone_client_add(z, &slots(z)[i].client);
+        }
+    }
+    for (i = 0; i < z->nwaiters; i++) {
+        if (waiters(z)[i].state == W_WAITING) {
+            zone_client_add(z, &waiters(z)[i].client);
+        }
+    }
+}
+
+/* ---- waking one waiter ---------------------------------------------- */
+
+void zone_wake_word(apr_uint32_t *word)
+{
+    __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+#endif
+}
+
+void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen,
+                        apr_int64_t us)
+{
+    struct timespec ts;
+
+    if (us <= 0) {
+        return;
+    }
+#ifdef __linux__
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (long)(us % 1000000) * 1000;
+    /* Not FUTEX_PRIVATE: the word is shared between processes. */
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+    (void)word;
+    (void)seen;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (us < 1000 ? us : 1000) * 1000;
+    nanosleep(&ts, NULL);
+#endif
+}
+
+/* ---- free lists and the queue (lock held) --------------------------- */
+
+void zone_rebuild_free_slots(at_zone_t *z)
+{
+    at_slot_t *s = slots(z);
+    apr_int32_t i;
+
+    note_change(z);
+    z->free_slot = NONE;
+    z->active = 0;
+    for (i = (apr_int32_t)z->nslots - 1; i >= 0; i--) {
+        if (s[i].owner.pid == 0) {
+            s[i].next_free = z->free_slot;
+            z->free_slot = i;
+        }
+        else {
+            z->active++;
+        }
+    }
+}
+
+static void queue_length_changed(at_zone_t *z)
+{
+    if (z->codel.target_us) {
+        at_codel_queue_is(&z->codel, z->queued, at_now_us());
+    }
+}
+
+/* Behind every waiter of its priority or higher, ahead of the lower ones:
+ * the queue stays in priority order, FIFO within a priority. */
+void zone_queue_push(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = waiters(z);
+    apr_int32_t after = z->qtail;
+
+    note_change(z);
+    while (after != NONE && w[after].priority < w[i].priority) {
+        after = w[after].prev;
+    }
+    w[i].prev = after;
+    w[i].next = after != NONE ? w[after].next : z->qhead;
+    if (w[i].next != NONE) {
+        w[w[i].next].prev = i;
+    }
+    else {
+        z->qtail = i;
+    }
+    if (after != NONE) {
+        w[after].next = i;
+    }
+    else {
+        z->qhead = i;
+    }
+    z->queued++;
+    z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    queue_length_changed(z);
+}
+
+void zone_queue_unlink(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = waiters(z);
+
+    note_change(z);
+    if (w[i].prev != NONE) {
+        w[w[i].prev].next = w[i].next;
+    }
+    else {
+        z->qhead = w[i].next;
+    }
+    if (w[i].next != NONE) {
+        w[w[i].next].prev = w[i].prev;
+    }
+    else {
+        z->qtail = w[i].prev;
+    }
+    z->queued--;
+    z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    queue_length_changed(z);
+}
+
+/* A waiter leaves the queue without a slot: timeout, abort or death. */
+void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i)
+{
+    zone_queue_unlink(z, i);
+    zone_client_remove(z, &waiters(z)[i].client);
+}
+
+void zone_waiter_free(at_zone_t *z, apr_int32_t i)
+{
+    at_waiter_t *w = &waiters(z)[i];
+
+    w->state = W_FREE;
+    w->owner.pid = 0;
+    w->slot = NONE;
+    w->next = z->free_waiter;
+    z->free_waiter = i;
+}
+
+/* The request's count against its client moves with it, from its waiting
+ * record to its slot; it is dropped when it leaves either. */
+apr_int32_t zone_slot_pop_free(at_zone_t *z)
+{
+    apr_int32_t i = z->free_slot;
+
+    z->free_slot = slots(z)[i].next_free;
+    return i;
+}
+
+/* The owner goes last: a slot with an owner is taken, so a process that
+ * dies half way leaves either a free slot or a whole record. */
+void zone_slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
+                    apr_uint64_t ticket, const at_client_key_t *client, apr_int64_t now)
+{
+    at_slot_t *s = &slots(z)[i];
+
+    s->ticket = ticket;
+    s->released = 0;
+    AT_STEP(AT_STEP_SLOT_FILL, 1);
+    s->since_us = now;
+    s->client = *client;
+    AT_STEP(AT_STEP_SLOT_FILL, 2);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    s->owner = *owner;
+    AT_STEP(AT_STEP_SLOT_FILL, 3);
+    note_change(z);
+    z->active++;
+}
+
+apr_int32_t zone_slot_take(at_zone_t *z, const at_owner_t *owner,
+                           apr_uint64_t ticket, const at_client_key_t *client,
+                           apr_int64_t now)
+{
+    apr_int32_t i = zone_slot_pop_free(z);
+
+    zone_slot_fill(z, i, owner, ticket, client, now);
+    return i;
+}
+
+void zone_slot_put(at_zone_t *z, apr_int32_t i)
+{
+    at_slot_t *s = &slots(z)[i];
+
+    note_change(z);
+    if (z->mem.bytes) {
+        at_memgate_ended(&z->mem, at_now_us() - s->since_us);
+    }
+    zone_client_remove(z, &s->client);
+    s->owner.pid = 0;
+    s->ticket = 0;
+    s->released = 0;
+    s->next_free = z->free_slot;
+    z->free_slot = i;
+    z->active--;
+}
+
+/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
+ * record names its slot before the slot names its owner, and the grant
+ * comes last: a process that dies anywhere in between leaves a hand-off
+ * that zone_repair completes from the waiter's record. */
+/* Lock held, the record out of the queue: moves a waiting record on,
+ * unless its waiter left without the lock first (then it is W_GONE, for the
+ * tidy, and 0 is returned). */
+int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
+{
+    apr_int32_t was = W_WAITING;
+
+    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        return 1;
+    }
+    w->state = W_GONE;
+    return 0;
+}
