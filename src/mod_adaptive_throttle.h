@@ -1,11 +1,16 @@
 /*
- * Declarations shared by the httpd glue files (not by the core).
+ * The httpd glue's shared types and the functions its files lend each
+ * other (never included by the core). Each glue file depends on this
+ * header and the core only: mod_adaptive_throttle.c (the request path and
+ * registration) calls into the others, none of them into it.
  */
 #ifndef MOD_ADAPTIVE_THROTTLE_H
 #define MOD_ADAPTIVE_THROTTLE_H
 
 #include "httpd.h"
 #include "http_config.h"
+
+#include "apr_hash.h"
 
 #include "at_zone.h"
 
@@ -30,16 +35,63 @@ typedef struct {
     zone_ref_t *agent;            /* ThrottleAgent: this vhost speaks the agent */
 } srv_conf_t;
 
+/* ThrottleHandler HANDLER NAME: a name, or a wildcard pattern. */
+typedef struct {
+    const char *pattern;
+    int is_glob;
+    zone_ref_t *ref;
+} handler_map_t;
+
+enum { ZONE_UNSET = 0, ZONE_SET, ZONE_OFF };
+
+/* The module's per-directory configuration. */
+typedef struct {
+    int zone_state;             /* Throttle NAME (ZONE_SET) or off, or unset */
+    zone_ref_t *ref;
+    apr_array_header_t *bypass; /* ap_expr_info_t * */
+    int priority_set;           /* ThrottlePriority given here */
+    int priority;
+    apr_int64_t priority_timeout_us; /* 0: the zone's timeout */
+} dir_conf_t;
+
+/* Directives and zone refs (mod_adaptive_throttle_conf.c). */
+extern const command_rec at_throttle_cmds[];
+void *at_create_srv_conf(apr_pool_t *p, server_rec *s);
+void *at_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
+void *at_create_dir_conf(apr_pool_t *p, char *dir);
+void *at_merge_dir_conf(apr_pool_t *p, void *basev, void *addv);
+
 /* The ref of zone NAME, made at its first mention by any directive. */
 zone_ref_t *at_zone_ref_for(cmd_parms *cmd, const char *name);
 
 /* "file:line" of the directive being read, for error messages. */
 const char *at_cmd_where(cmd_parms *cmd);
 
+/* The refs of this configuration cycle, name -> zone_ref_t * (NULL if no
+ * directive named a zone); forgotten at pre_config. */
+apr_hash_t *at_zone_refs(void);
+void at_forget_zone_refs(void);
+
+/* OK if every zone used is defined; else logs each and returns !OK. */
+int at_check_zones_defined(server_rec *s, apr_pool_t *ptemp);
+
 /* The zones of the running configuration, sorted by name; and, before
  * post_config has made their shared zones, the zones defined. */
 apr_array_header_t *at_configured_zones(apr_pool_t *p);
 apr_array_header_t *at_defined_zones(apr_pool_t *p);
+
+/* Shared memory (mod_adaptive_throttle_shm.c): post_config attaches every
+ * ref to its shared zone (OK, or an HTTP status if memory cannot be had);
+ * the parent gives back what dead children held. */
+int at_lay_zones(server_rec *s, apr_pool_t *ptemp);
+void at_shm_register_hooks(void);
+
+/* Fault injection (mod_adaptive_throttle_faults.c; no-ops outside the
+ * test module): armed at post_config from the environment; the directory
+ * mem= reads under ("" for /); a request that hangs holding a zone's lock. */
+void at_faults_arm(server_rec *s);
+const char *at_faults_mem_root(void);
+void at_faults_hang_holding_lock(request_rec *r, at_zone_t *z);
 
 /* Child lifetimes (mod_adaptive_throttle_life.c). */
 #include "at_life.h"

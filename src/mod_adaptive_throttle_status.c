@@ -25,43 +25,10 @@
 #include "at_parse.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
+#include "mod_adaptive_throttle_status.h"
 
-typedef enum { GAUGE, COUNTER } kind_t;
 
-/* Fields that mean something only for zones using a feature: HTML and
- * ?auto leave them out elsewhere; JSON and Prometheus keep one schema for
- * every zone (0 where the feature is off). */
-typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM, IF_CODEL } shown_t;
-
-typedef struct {
-    const char *key;   /* ?auto and HTML: Throttle.<zone>.<key> */
-    const char *json;  /* JSON member of the zone object */
-    const char *prom;  /* Prometheus metric, without the prefix */
-    const char *label; /* extra Prometheus label, "name=\"value\"", or NULL */
-    kind_t kind;
-    const char *help;
-    shown_t shown;
-} field_t;
-
-enum {
-    F_LIMIT, F_LIMIT_MIN, F_LIMIT_MAX, F_LIMIT_MAX_FROM, F_ACTIVE, F_QUEUED, F_QUEUE_CAP, F_TIMEOUT,
-    F_STALE, F_DRY_RUN, F_OVER_CAP, F_OLDEST, F_OLDEST_PID, F_SERVICE_MEAN,
-    F_WAIT_P50, F_WAIT_P90, F_WAIT_P99, F_WAIT_MAX, F_WAIT_N,
-    F_SERVICE_P50, F_SERVICE_P90, F_SERVICE_P99, F_SERVICE_MAX, F_SERVICE_N,
-    F_LIMIT_AUTO, F_LIMIT_HELD, F_LIMIT_MODE, F_LIMIT_CHANGES, F_BASELINE, F_RECENT_SERVICE,
-    F_PER_CLIENT, F_CLIENTS, F_RESERVE,
-    F_CODEL_TARGET, F_CODEL_INTERVAL, F_QUEUE_STANDING, F_QUEUE_STANDING_MS,
-    F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
-#define F_COUNTER_ENUM(field, ...) F_##field,
-    AT_ZONE_COUNTERS(F_COUNTER_ENUM)
-#undef F_COUNTER_ENUM
-    NFIELDS
-};
-
-/* Rows with the same Prometheus name are one metric family: keep them
- * adjacent. prom NULL: not a Prometheus metric of its own (percentiles are
- * derived from the histograms, which are exported whole). */
-static const field_t fields[NFIELDS] = {
+const field_t at_status_fields[NFIELDS] = {
     {"Limit", "limit", "limit", NULL, GAUGE, "Requests of the zone allowed to run at once.", ALWAYS},
     {"LimitMin", "limit_min", "limit_min", NULL, GAUGE, "Lowest value the limit may take.", IF_AUTO},
     {"LimitMax", "limit_max", "limit_max", NULL, GAUGE, "Highest value the limit may take.", IF_AUTO},
@@ -111,11 +78,6 @@ static const field_t fields[NFIELDS] = {
 #undef F_COUNTER_ROW
 };
 
-typedef struct {
-    const char *name;
-    at_zone_stats_t s;
-    double v[NFIELDS];
-} zone_view_t;
 
 static double ms(apr_int64_t us)
 {
@@ -194,7 +156,7 @@ static apr_array_header_t *zone_views(apr_pool_t *p)
 }
 
 /* Live children and their drawn lifetimes, if ThrottleChildLifetime is set. */
-static apr_array_header_t *child_views(apr_pool_t *p)
+apr_array_header_t *at_status_child_views(apr_pool_t *p)
 {
     at_life_t *l = at_life_shared();
     apr_array_header_t *v = apr_array_make(p, 16, sizeof(at_child_t));
@@ -210,7 +172,7 @@ static apr_array_header_t *child_views(apr_pool_t *p)
 }
 
 /* Integers print as integers (exact to 2^53), the rest with 3 decimals. */
-static const char *num(apr_pool_t *p, double v)
+const char *at_status_num(apr_pool_t *p, double v)
 {
     if (v == (double)(apr_int64_t)v) {
         return apr_psprintf(p, "%" APR_INT64_T_FMT, (apr_int64_t)v);
@@ -220,7 +182,7 @@ static const char *num(apr_pool_t *p, double v)
 
 static int field_shown(const zone_view_t *z, int f)
 {
-    switch (fields[f].shown) {
+    switch (at_status_fields[f].shown) {
     case IF_AUTO: return z->s.limit_auto;
     case IF_MEM: return z->s.mem_bytes > 0;
     case IF_CODEL: return z->s.codel_target_us > 0;
@@ -236,7 +198,7 @@ static int is_word(int f)
 }
 
 /* A field's value as the text formats show it. */
-static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
+const char *at_status_value_text(apr_pool_t *p, const zone_view_t *z, int f)
 {
     apr_uint32_t word = (apr_uint32_t)z->v[f];
 
@@ -248,31 +210,24 @@ static const char *value_text(apr_pool_t *p, const zone_view_t *z, int f)
     case F_LIMIT_MODE:
         return at_limit_mode_name(word);
     default:
-        return num(p, z->v[f]);
+        return at_status_num(p, z->v[f]);
     }
 }
 
 /* ---- per priority ---------------------------------------------------------- */
 
-/* Each priority that has seen a request: its totals, what waits now and
- * the wait percentiles of its admitted requests since the zone began. */
-typedef struct {
-    const char *key, *json;
-} prio_field_t;
-
-enum { P_ADMITTED, P_REJECTED, P_QUEUED, P_WAIT_P50, P_WAIT_P90, P_WAIT_P99, NPFIELDS };
 
 static const prio_field_t prio_fields[NPFIELDS] = {
     {"Admitted", "admitted"}, {"Rejected", "rejected"}, {"Queued", "queued"},
     {"WaitP50Ms", "wait_p50_ms"}, {"WaitP90Ms", "wait_p90_ms"}, {"WaitP99Ms", "wait_p99_ms"},
 };
 
-static int prio_seen(const at_priority_stats_t *ps)
+int at_status_prio_seen(const at_priority_stats_t *ps)
 {
     return ps->admitted || ps->rejected || ps->queued;
 }
 
-static void prio_values(const at_priority_stats_t *ps, double *v)
+void at_status_prio_values(const at_priority_stats_t *ps, double *v)
 {
     v[P_ADMITTED] = (double)ps->admitted;
     v[P_REJECTED] = (double)ps->rejected;
@@ -281,8 +236,6 @@ static void prio_values(const at_priority_stats_t *ps, double *v)
     v[P_WAIT_P90] = ms(at_hist_quantile(&ps->wait, 0.90));
     v[P_WAIT_P99] = ms(at_hist_quantile(&ps->wait, 0.99));
 }
-
-#define PRIO_OF(i) ((i) + AT_PRIORITY_MIN)
 
 /* ---- ?auto: Key: value lines -------------------------------------------- */
 
@@ -298,7 +251,7 @@ static void emit_auto_children(request_rec *r)
         ap_rprintf(r, "ThrottleChildMaxAgeS: %" APR_INT64_T_FMT "\n",
                    at_life_max_age_us() / 1000000);
     }
-    kids = child_views(r->pool);
+    kids = at_status_child_views(r->pool);
     for (i = 0; i < kids->nelts; i++) {
         at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
         ap_rprintf(r, "ThrottleChild.%d.Lifetime: %u\nThrottleChild.%d.Served: %u\n"
@@ -313,13 +266,13 @@ static void emit_auto_priorities(request_rec *r, const zone_view_t *z)
     int p, f;
 
     for (p = AT_PRIORITIES - 1; p >= 0; p--) {
-        if (!prio_seen(&z->s.priority[p])) {
+        if (!at_status_prio_seen(&z->s.priority[p])) {
             continue;
         }
-        prio_values(&z->s.priority[p], v);
+        at_status_prio_values(&z->s.priority[p], v);
         for (f = 0; f < NPFIELDS; f++) {
             ap_rprintf(r, "Throttle.%s.Priority.%d.%s: %s\n", z->name, PRIO_OF(p),
-                       prio_fields[f].key, num(r->pool, v[f]));
+                       prio_fields[f].key, at_status_num(r->pool, v[f]));
         }
     }
 }
@@ -339,8 +292,8 @@ static void emit_auto(request_rec *r, apr_array_header_t *views)
         zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
         for (f = 0; f < NFIELDS; f++) {
             if (field_shown(z, f)) {
-                ap_rprintf(r, "Throttle.%s.%s: %s\n", z->name, fields[f].key,
-                           value_text(r->pool, z, f));
+                ap_rprintf(r, "Throttle.%s.%s: %s\n", z->name, at_status_fields[f].key,
+                           at_status_value_text(r->pool, z, f));
             }
         }
         emit_auto_priorities(r, z);
@@ -357,13 +310,13 @@ static void emit_json_priorities(request_rec *r, const zone_view_t *z)
 
     ap_rputs(",\"priorities\":[", r);
     for (p = AT_PRIORITIES - 1; p >= 0; p--) {
-        if (!prio_seen(&z->s.priority[p])) {
+        if (!at_status_prio_seen(&z->s.priority[p])) {
             continue;
         }
-        prio_values(&z->s.priority[p], v);
+        at_status_prio_values(&z->s.priority[p], v);
         ap_rprintf(r, "%s{\"priority\":%d", first ? "" : ",", PRIO_OF(p));
         for (f = 0; f < NPFIELDS; f++) {
-            ap_rprintf(r, ",\"%s\":%s", prio_fields[f].json, num(r->pool, v[f]));
+            ap_rprintf(r, ",\"%s\":%s", prio_fields[f].json, at_status_num(r->pool, v[f]));
         }
         ap_rputs("}", r);
         first = 0;
@@ -386,10 +339,10 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
                 ap_rprintf(r, ",\"dry_run\":%s", z->v[f] ? "true" : "false");
             }
             else if (is_word(f)) {
-                ap_rprintf(r, ",\"%s\":\"%s\"", fields[f].json, value_text(r->pool, z, f));
+                ap_rprintf(r, ",\"%s\":\"%s\"", at_status_fields[f].json, at_status_value_text(r->pool, z, f));
             }
             else {
-                ap_rprintf(r, ",\"%s\":%s", fields[f].json, num(r->pool, z->v[f]));
+                ap_rprintf(r, ",\"%s\":%s", at_status_fields[f].json, at_status_num(r->pool, z->v[f]));
             }
         }
         emit_json_priorities(r, z);
@@ -397,7 +350,7 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
     }
     ap_rputs("]", r);
     if (at_life_min()) {
-        apr_array_header_t *kids = child_views(r->pool);
+        apr_array_header_t *kids = at_status_child_views(r->pool);
         ap_rprintf(r, ",\"child_lifetime\":{\"min\":%u,\"max\":%u},\"children\":[",
                    at_life_min(), at_life_max());
         for (i = 0; i < kids->nelts; i++) {
@@ -413,167 +366,6 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
                    at_life_max_age_us() / 1000000);
     }
     ap_rputs("}\n", r);
-}
-
-/* ---- ?prometheus: text exposition format 0.0.4 ------------------------------ */
-
-static void emit_histogram(request_rec *r, apr_array_header_t *views, const char *name,
-                           const char *help, int wait)
-{
-    int i, b;
-
-    ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s histogram\n",
-               name, help, name);
-    for (i = 0; i < views->nelts; i++) {
-        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-        const at_hist_t *h = wait ? &z->s.wait_all : &z->s.service_all;
-        apr_uint64_t cum = 0;
-
-        for (b = 0; b < AT_HIST_BUCKETS; b++) {
-            apr_int64_t bound = at_hist_bound_us(b);
-            cum += h->count[b];
-            if (bound < 0) {
-                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"+Inf\"} %"
-                           APR_UINT64_T_FMT "\n", name, z->name, cum);
-            }
-            else {
-                /* The C library's %g: APR's drops the leading zero ("0.1"
-                 * would become ".1"), and le labels are matched as strings. */
-                char le[32];
-                snprintf(le, sizeof(le), "%g", (double)bound / 1e6);
-                ap_rprintf(r, "apache_throttle_%s_bucket{zone=\"%s\",le=\"%s\"} %"
-                           APR_UINT64_T_FMT "\n", name, z->name, le, cum);
-            }
-        }
-        ap_rprintf(r, "apache_throttle_%s_sum{zone=\"%s\"} %.6f\n", name, z->name,
-                   (double)h->sum_us / 1e6);
-        ap_rprintf(r, "apache_throttle_%s_count{zone=\"%s\"} %" APR_UINT64_T_FMT "\n",
-                   name, z->name, h->n);
-    }
-}
-
-/* One family per priority figure, labelled zone and priority; the wait
- * percentiles as a summary's quantiles. */
-static void emit_prometheus_priorities(request_rec *r, apr_array_header_t *views)
-{
-    static const struct {
-        const char *name, *type, *help;
-        int field;
-    } fam[] = {
-        {"priority_admitted_total", "counter", "Requests admitted, by priority.", P_ADMITTED},
-        {"priority_rejected_total", "counter", "Requests refused, by priority.", P_REJECTED},
-        {"priority_queued", "gauge", "Requests waiting now, by priority.", P_QUEUED},
-        {"priority_wait_seconds", "summary", "Wait of admitted requests, by priority.", -1},
-    };
-    static const double q[] = {0.5, 0.9, 0.99};
-    static const char *const q_label[] = {"0.5", "0.9", "0.99"}; /* APR's %g drops the 0 */
-    double v[NPFIELDS];
-    size_t k, j;
-    int i, p;
-
-    for (k = 0; k < sizeof(fam) / sizeof(fam[0]); k++) {
-        ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s %s\n",
-                   fam[k].name, fam[k].help, fam[k].name, fam[k].type);
-        for (i = 0; i < views->nelts; i++) {
-            zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-            for (p = AT_PRIORITIES - 1; p >= 0; p--) {
-                const at_priority_stats_t *ps = &z->s.priority[p];
-                if (!prio_seen(ps)) {
-                    continue;
-                }
-                prio_values(ps, v);
-                if (fam[k].field >= 0) {
-                    ap_rprintf(r, "apache_throttle_%s{zone=\"%s\",priority=\"%d\"} %s\n",
-                               fam[k].name, z->name, PRIO_OF(p),
-                               num(r->pool, v[fam[k].field]));
-                    continue;
-                }
-                for (j = 0; j < sizeof(q) / sizeof(q[0]); j++) {
-                    ap_rprintf(r, "apache_throttle_%s{zone=\"%s\",priority=\"%d\","
-                               "quantile=\"%s\"} %.6f\n", fam[k].name, z->name, PRIO_OF(p),
-                               q_label[j], (double)at_hist_quantile(&ps->wait, q[j]) / 1e6);
-                }
-                ap_rprintf(r, "apache_throttle_%s_sum{zone=\"%s\",priority=\"%d\"} %.6f\n"
-                           "apache_throttle_%s_count{zone=\"%s\",priority=\"%d\"} %"
-                           APR_UINT64_T_FMT "\n", fam[k].name, z->name, PRIO_OF(p),
-                           (double)ps->wait.sum_us / 1e6, fam[k].name, z->name,
-                           PRIO_OF(p), ps->wait.n);
-            }
-        }
-    }
-}
-
-static void emit_prometheus(request_rec *r, apr_array_header_t *views)
-{
-    const char *family = NULL;
-    int i, f;
-
-    ap_rprintf(r, "# HELP apache_throttle_info mod_adaptive_throttle build and MPM.\n"
-               "# TYPE apache_throttle_info gauge\n"
-               "apache_throttle_info{version=\"%s\",mpm=\"%s\"} 1\n",
-               AT_MODULE_VERSION, ap_show_mpm());
-    for (f = 0; f < NFIELDS; f++) {
-        if (!fields[f].prom) {
-            continue;
-        }
-        if (!family || strcmp(family, fields[f].prom) != 0) {
-            family = fields[f].prom;
-            ap_rprintf(r, "# HELP apache_throttle_%s %s\n# TYPE apache_throttle_%s %s\n",
-                       family, fields[f].help, family,
-                       fields[f].kind == COUNTER ? "counter" : "gauge");
-        }
-        for (i = 0; i < views->nelts; i++) {
-            zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-            ap_rprintf(r, "apache_throttle_%s{zone=\"%s\"%s%s} %s\n", family, z->name,
-                       fields[f].label ? "," : "", fields[f].label ? fields[f].label : "",
-                       num(r->pool, z->v[f]));
-        }
-    }
-    ap_rputs("# HELP apache_throttle_mem_source Where mem= read the available memory "
-             "(source: none, meminfo, cgroup1, cgroup2).\n"
-             "# TYPE apache_throttle_mem_source gauge\n", r);
-    for (i = 0; i < views->nelts; i++) {
-        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-        ap_rprintf(r, "apache_throttle_mem_source{zone=\"%s\",source=\"%s\"} 1\n", z->name,
-                   value_text(r->pool, z, F_MEM_SOURCE));
-    }
-    ap_rputs("# HELP apache_throttle_timeout_seconds Longest wait in the queue.\n"
-             "# TYPE apache_throttle_timeout_seconds gauge\n", r);
-    for (i = 0; i < views->nelts; i++) {
-        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-        ap_rprintf(r, "apache_throttle_timeout_seconds{zone=\"%s\"} %.3f\n", z->name,
-                   z->v[F_TIMEOUT] / 1000.0);
-    }
-    ap_rputs("# HELP apache_throttle_oldest_running_seconds Age of the oldest running "
-             "request.\n# TYPE apache_throttle_oldest_running_seconds gauge\n", r);
-    for (i = 0; i < views->nelts; i++) {
-        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
-        ap_rprintf(r, "apache_throttle_oldest_running_seconds{zone=\"%s\"} %.3f\n",
-                   z->name, z->v[F_OLDEST] / 1000.0);
-    }
-    if (at_life_min()) {
-        apr_array_header_t *kids = child_views(r->pool);
-        ap_rputs("# HELP apache_throttle_child_lifetime_connections Connections this child "
-                 "serves before it retires (ThrottleChildLifetime).\n"
-                 "# TYPE apache_throttle_child_lifetime_connections gauge\n", r);
-        for (i = 0; i < kids->nelts; i++) {
-            at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
-            ap_rprintf(r, "apache_throttle_child_lifetime_connections{pid=\"%d\"} %u\n",
-                       (int)c->owner.pid, c->lifetime);
-        }
-        ap_rputs("# HELP apache_throttle_child_served_connections Connections this child "
-                 "has served.\n# TYPE apache_throttle_child_served_connections gauge\n", r);
-        for (i = 0; i < kids->nelts; i++) {
-            at_child_t *c = &APR_ARRAY_IDX(kids, i, at_child_t);
-            ap_rprintf(r, "apache_throttle_child_served_connections{pid=\"%d\"} %u\n",
-                       (int)c->owner.pid, c->served);
-        }
-    }
-    emit_histogram(r, views, "wait_seconds",
-                   "Time admitted requests waited for a slot (0 if none).", 1);
-    emit_histogram(r, views, "service_seconds",
-                   "Time from getting a slot to releasing it.", 0);
-    emit_prometheus_priorities(r, views);
 }
 
 /* ---- HTML ---------------------------------------------------------------------- */
@@ -601,11 +393,11 @@ static void emit_html_table(request_rec *r, apr_array_header_t *views)
         if (!any) {
             continue;
         }
-        ap_rprintf(r, "<tr><td>%s</td>", fields[f].key);
+        ap_rprintf(r, "<tr><td>%s</td>", at_status_fields[f].key);
         for (i = 0; i < views->nelts; i++) {
             zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
             ap_rprintf(r, "<td align=\"right\">%s</td>",
-                       field_shown(z, f) ? value_text(r->pool, z, f) : "&ndash;");
+                       field_shown(z, f) ? at_status_value_text(r->pool, z, f) : "&ndash;");
         }
         ap_rputs("</tr>\n", r);
     }
@@ -620,7 +412,7 @@ static void emit_html_priorities(request_rec *r, apr_array_header_t *views)
     for (i = 0; i < views->nelts; i++) {
         zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
         for (p = AT_PRIORITIES - 1; p >= 0; p--) {
-            if (!prio_seen(&z->s.priority[p])) {
+            if (!at_status_prio_seen(&z->s.priority[p])) {
                 continue;
             }
             if (!any++) {
@@ -631,11 +423,11 @@ static void emit_html_priorities(request_rec *r, apr_array_header_t *views)
                 }
                 ap_rputs("</tr>\n", r);
             }
-            prio_values(&z->s.priority[p], v);
+            at_status_prio_values(&z->s.priority[p], v);
             ap_rprintf(r, "<tr><td>%s</td><td align=\"right\">%d</td>",
                        ap_escape_html(r->pool, z->name), PRIO_OF(p));
             for (f = 0; f < NPFIELDS; f++) {
-                ap_rprintf(r, "<td align=\"right\">%s</td>", num(r->pool, v[f]));
+                ap_rprintf(r, "<td align=\"right\">%s</td>", at_status_num(r->pool, v[f]));
             }
             ap_rputs("</tr>\n", r);
         }
@@ -653,7 +445,7 @@ static void emit_html_children(request_rec *r)
     if (!at_life_min()) {
         return;
     }
-    kids = child_views(r->pool);
+    kids = at_status_child_views(r->pool);
     ap_rprintf(r, "<h2>Child lifetimes</h2>\n<p>ThrottleChildLifetime %u %u", at_life_min(),
                at_life_max());
     if (at_life_max_age_us()) {
@@ -719,7 +511,7 @@ int at_status_handler(request_rec *r)
         emit_json(r, views);
     }
     else if (strcmp(q, "prometheus") == 0) {
-        emit_prometheus(r, views);
+        at_status_emit_prometheus(r, views);
     }
     else if (strcmp(q, "auto") == 0) {
         emit_auto(r, views);
