@@ -314,10 +314,9 @@ static void fill_request_defaults(at_request_t *rq, const at_zone_t *z)
     }
 }
 
-at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
-                                at_abort_fn abort_fn, void *ctx)
+static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
+                          at_abort_fn abort_fn, void *ctx, apr_int64_t start)
 {
-    apr_int64_t start = at_now_us();
     at_request_t rq = *req;
     apr_int32_t wi;
     at_result_t r;
@@ -328,7 +327,6 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
     fill_request_defaults(&rq, z); /* reads the zone's timeout without the lock */
     zone_mem_read_before_lock(z, &m);
     if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
-        t->wait_us = at_now_us() - start;
         return zone_lock_refusal(z, rc);
     }
     zone_mem_apply_locked(z, &m);
@@ -339,7 +337,6 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
         zone_unlock_after_mem(z, &m);
         zone_reclaim(z, start + rq.timeout_us, 0); /* a full zone may be full of the dead */
         if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
-            t->wait_us = at_now_us() - start;
             return zone_lock_refusal(z, rc);
         }
     }
@@ -376,11 +373,21 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
     else {
         wi = enqueue(z, t, &rq);
         zone_unlock_after_mem(z, &m);
-        r = zone_wait_for_slot(z, t, wi, start, rq.timeout_us, abort_fn, ctx);
-        t->wait_us = at_now_us() - start;
-        return r;
+        return zone_wait_for_slot(z, t, wi, start, rq.timeout_us, abort_fn, ctx);
     }
     zone_unlock_after_mem(z, &m);
+    return r;
+}
+
+/* The ticket's wait is all the time the request spent here: for the zone's
+ * lock (a stopped holder can make it long) and in the queue. */
+at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
+                                at_abort_fn abort_fn, void *ctx)
+{
+    apr_int64_t start = at_now_us();
+    at_result_t r = decide(z, t, req, abort_fn, ctx, start);
+
+    t->wait_us = at_now_us() - start;
     return r;
 }
 
