@@ -310,6 +310,10 @@ sub private_server {
     if ($opt{cgi_not_cgid}) {
         s/\bcgid_module\b/cgi_module/, s/mod_cgid\.so/mod_cgi.so/ for @modules;
     }
+    # $opt{module}: this module's build from another file.
+    if ($opt{module}) {
+        s/^(LoadModule adaptive_throttle_module) .*/$1 $opt{module}/ for @modules;
+    }
     open my $fh, '>', "$dir/httpd.conf" or die;
     print $fh @modules, <<"CONF", $conf, "\n";
 ServerRoot $dir
