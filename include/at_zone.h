@@ -254,6 +254,9 @@ enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL };
  * how many times a request has waited for the zone's lock. */
 extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;
 extern void (*at_test_step_hook)(int where, int step);
+/* Test builds only: called as the zone's lock is let go, with how long it
+ * was held (ns). */
+extern void (*at_test_lock_held_hook)(apr_int64_t ns);
 #define AT_STEP(where, n) (at_test_step_hook ? at_test_step_hook(where, n) : (void)0)
 #else
 #define AT_STEP(where, n) ((void)0)

@@ -167,6 +167,8 @@ void zone_client_add(at_zone_t *z, const at_client_key_t *k);
 void zone_client_remove(at_zone_t *z, const at_client_key_t *k);
 void zone_recount_clients(at_zone_t *z);
 void zone_wake_word(apr_uint32_t *word);
+/* After the lock is let go: the wake-ups zone_wake_word held back. */
+void zone_send_wakes(void);
 void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen, apr_int64_t us);
 void zone_rebuild_free_slots(at_zone_t *z);
 void zone_queue_push(at_zone_t *z, apr_int32_t i);

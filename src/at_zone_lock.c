@@ -118,8 +118,32 @@ static void zone_repair(at_zone_t *z)
     zone_dispatch(z);
 }
 
+#ifdef AT_TEST_HOOKS
+/* bench/scale times how long the lock is held, from taking it (a repair
+ * included) to letting it go. */
+void (*at_test_lock_held_hook)(apr_int64_t ns);
+static __thread apr_int64_t lock_taken_ns;
+
+static apr_int64_t clock_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (apr_int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+#define NOTE_LOCK_TAKEN() (at_test_lock_held_hook ? (void)(lock_taken_ns = clock_ns()) : (void)0)
+#define NOTE_LOCK_LET_GO() \
+    (at_test_lock_held_hook ? at_test_lock_held_hook(clock_ns() - lock_taken_ns) : (void)0)
+#else
+#define NOTE_LOCK_TAKEN() ((void)0)
+#define NOTE_LOCK_LET_GO() ((void)0)
+#endif
+
 static int zone_lock_result(at_zone_t *z, int rc)
 {
+    if (rc == 0 || rc == EOWNERDEAD) {
+        NOTE_LOCK_TAKEN();
+    }
     if (rc == EOWNERDEAD) {
         zone_repair(z);
         pthread_mutex_consistent(&z->lock);
@@ -238,7 +262,9 @@ int zone_lock_until(at_zone_t *z, apr_int64_t until_us)
 
 void zone_unlock(at_zone_t *z)
 {
+    NOTE_LOCK_LET_GO();
     pthread_mutex_unlock(&z->lock);
+    zone_send_wakes();
 }
 
 /* The lock could not be had in time (ETIMEDOUT), or not at all. Counted

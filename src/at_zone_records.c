@@ -50,12 +50,41 @@ void zone_recount_clients(at_zone_t *z)
 
 /* ---- waking one waiter ---------------------------------------------- */
 
+static void futex_wake(apr_uint32_t *word)
+{
+#ifdef __linux__
+    syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+#else
+    (void)word;
+#endif
+}
+
+/* A waiter's word moves under the lock; the wake-up itself is sent once
+ * the lock is let go (zone_send_wakes): on a busy core the woken thread
+ * can take the CPU from its waker, which would then hold the lock,
+ * descheduled, while every other process of the zone waits for it. A
+ * wake-up sent late to a record reused meanwhile is a spurious one, which
+ * a waiter sleeps through. */
+#define DEFERRED_WAKES 64
+static __thread apr_uint32_t *deferred_wakes[DEFERRED_WAKES];
+static __thread int ndeferred_wakes;
+
 void zone_wake_word(apr_uint32_t *word)
 {
     __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
-#ifdef __linux__
-    syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
-#endif
+    if (ndeferred_wakes < DEFERRED_WAKES) {
+        deferred_wakes[ndeferred_wakes++] = word;
+        return;
+    }
+    futex_wake(word);
+}
+
+void zone_send_wakes(void)
+{
+    for (int i = 0; i < ndeferred_wakes; i++) {
+        futex_wake(deferred_wakes[i]);
+    }
+    ndeferred_wakes = 0;
 }
 
 void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen,
