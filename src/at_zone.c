@@ -40,10 +40,11 @@ static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settl
 }
 
 /* Judged at this moment: a reading that was fresh before a long wait for
- * the lock is not any more. */
+ * the lock is not any more. A zone without mem= reads no clock for it:
+ * this is on every request's path. */
 static int mem_allows(at_zone_t *z)
 {
-    return at_memgate_estimate(&z->mem, at_now_us());
+    return !z->mem.bytes || at_memgate_estimate(&z->mem, at_now_us());
 }
 
 void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m)
