@@ -16,8 +16,8 @@ use Apache::Test;
 use Apache::TestRequest;
 
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
-                 probe_order probe_reset wait_until hostport server_pid
-                 load_loop restarts_seen private_server children_of
+                 probe_order probe_overlap_of probe_reset wait_until hostport server_pid
+                 load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
                  with_cpus stop_process);
 
@@ -120,7 +120,7 @@ sub status_auto {
 sub probe_reset {
     my ($tag) = @_;
     my $dir = probe_dir();
-    unlink "$dir/$tag.count", "$dir/$tag.order";
+    unlink "$dir/$tag.count", "$dir/$tag.order", "$dir/$tag.events";
 }
 
 # (running now, highest ever) as counted by the CGIs themselves, read under
@@ -162,12 +162,17 @@ sub server_pid {
 }
 
 # $clients clients each request $path in a loop for $secs seconds; returns
-# every status seen (0 for a failed connection).
-sub load_loop {
+# every status seen (0 for a failed connection). load_loop_ids returns
+# [id, status] instead: each request carries id=c<client>n<count> for
+# probe.cgi to record.
+sub load_loop { map { $_->[1] } load_loop_ids(@_) }
+
+sub load_loop_ids {
     my ($path, $clients, $secs) = @_;
     # Removed here, not at exit: a caller may run this in a child that
     # leaves by POSIX::_exit, which skips File::Temp's cleanup.
     my $dir = tempdir();
+    my $sep = $path =~ /\?/ ? '&' : '?';
     my @pids;
     for my $c (1 .. $clients) {
         my $pid = fork // die "fork: $!";
@@ -175,8 +180,9 @@ sub load_loop {
             my $end = time + $secs;
             my @st;
             while (time < $end) {
-                my $r = eval { http_get($path) } || { status => 0 };
-                push @st, $r->{status};
+                my $id = "c${c}n" . scalar(@st);
+                my $r = eval { http_get("$path${sep}id=$id") } || { status => 0 };
+                push @st, [$id, $r->{status}];
             }
             store(\@st, "$dir/$$");
             require POSIX;
@@ -191,6 +197,25 @@ sub load_loop {
     }
     remove_tree($dir);
     return @all;
+}
+
+# The most copies of probe.cgi (tag $tag) that ran at once, counting only
+# those whose request ids are in %$answered. mod_cgid can give up on a CGI
+# it has started (it loses the cgi daemon at a graceful restart: AH10246,
+# a 503 of its own) and the CGI runs on, out of any slot: such a CGI is no
+# request the module let in.
+sub probe_overlap_of {
+    my ($tag, $answered) = @_;
+    my %mine = map { $_->[1] => 1 } grep { $answered->{$_->[0]} } probe_order($tag);
+    open(my $fh, '<', probe_dir() . "/$tag.events") or return 0;
+    my ($n, $max) = (0, 0);
+    for (<$fh>) {
+        my ($sign, $t, $pid) = split ' ';
+        next unless $mine{$pid};
+        $n += $sign eq '+' ? 1 : -1;
+        $max = $n if $n > $max;
+    }
+    return $max;
 }
 
 # How many times the server has finished a (re)start, from its error log.
