@@ -33,8 +33,9 @@ typedef enum {
     AT_REJECTED_PREDICTED, /* limit=auto: its wait would outlast the timeout */
     AT_REJECTED_WORKERS,   /* would wait, but the server is short of idle workers */
     AT_REJECTED_STANDING,  /* codel=: waited TARGET while the queue stood */
-    AT_REJECTED_LOCKED     /* the zone's lock was held past the request's deadline
+    AT_REJECTED_LOCKED,    /* the zone's lock was held past the request's deadline
                               (its holder stopped, in a debugger, frozen) */
+    AT_REJECTED_KEY        /* the request's key already has per_key requests in */
 } at_result_t;
 
 /* ThrottlePriority: higher runs first; requests wait in priority order,
@@ -45,7 +46,7 @@ typedef enum {
 
 /* What a request asks of a zone. */
 typedef struct {
-    const at_client_key_t *client; /* for per_client; NULL: nobody */
+    const at_client_key_t *client; /* for per_client or per_key; NULL: nobody */
     int may_wait;           /* 0: refused (AT_REJECTED_WORKERS) rather than queued */
     int priority;           /* AT_PRIORITY_MIN to AT_PRIORITY_MAX */
     apr_int64_t timeout_us; /* how long it may wait; 0: the zone's timeout */
@@ -77,6 +78,8 @@ typedef struct {
       "reason=\"predicted\"", NULL)                                                     \
     X(rejected_client, "RejectedClient", "rejected_client", "rejected_total",          \
       "reason=\"client\"", NULL)                                                        \
+    X(rejected_key, "RejectedKey", "rejected_key", "rejected_total",                   \
+      "reason=\"key\"", NULL)                                                           \
     X(rejected_workers, "RejectedWorkers", "rejected_workers", "rejected_total",       \
       "reason=\"workers\"", NULL)                                                       \
     X(rejected_standing, "RejectedStanding", "rejected_standing", "rejected_total",    \
@@ -108,8 +111,12 @@ typedef struct {
     at_hist_t wait;
 } at_priority_stats_t;
 
+/* The status page lists this many of the clients (or keys) with the most
+ * requests in. */
+#define AT_BUSIEST 10
+
 typedef struct {
-    apr_uint32_t limit, queue_cap, nslots, nwaiters, per_client;
+    apr_uint32_t limit, queue_cap, nslots, nwaiters, per_client, per_key;
     apr_uint32_t reserve; /* slots that requests of priority <= 0 leave free */
     apr_int64_t codel_target_us, codel_interval_us; /* codel=; target 0: off */
     apr_int64_t standing_us; /* codel=: how long the queue has stood; 0: not */
@@ -122,7 +129,9 @@ typedef struct {
     int dry_run;
     at_zone_counters_t counters;
     apr_uint64_t service_ewma_us;
-    apr_uint32_t clients; /* client addresses with a request in */
+    apr_uint32_t clients; /* client addresses (keys, with per_key) with a request in */
+    at_client_entry_t busiest[AT_BUSIEST]; /* those with the most, most first */
+    apr_uint32_t nbusiest;
     int limit_auto;
     apr_uint32_t limit_min, limit_max; /* = limit for a fixed limit */
     apr_uint32_t limit_held; /* limit=auto: the level a probe returns to */
@@ -209,6 +218,10 @@ apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 apr_uint32_t at_zone_reclaim_pid_nowait(at_zone_t *z, apr_int32_t pid);
 
 void at_zone_stats(at_zone_t *z, at_zone_stats_t *out);
+
+/* per_key: the key a request's text (key=) counts against in this zone. */
+void at_zone_key_from_text(const at_zone_t *z, const char *text, apr_size_t n,
+                           at_client_key_t *out);
 
 /* The few numbers a load balancer is told, read without the zone's lock:
  * a stopped or busy lock holder never delays them. Each is read whole;

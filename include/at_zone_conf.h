@@ -40,6 +40,8 @@ typedef struct {
     apr_uint32_t reserve;          /* slots kept for priorities above 0 */
     apr_int64_t codel_target_us;   /* codel=: 0 off */
     apr_int64_t codel_interval_us; /* codel=TARGET:INTERVAL; 0: from service time */
+    apr_uint32_t per_key;     /* running + waiting per key (key= in the glue); 0: none */
+    apr_uint32_t key_pad;
 } at_zone_conf_t;
 
 /* retry_after=auto never advises more than this many seconds unless

@@ -126,7 +126,8 @@ static const at_field_t hist_fields[] = {
 
 static const at_field_t client_table_fields[] = {
     AT_FIELD(at_client_table_t, entries_off), AT_FIELD(at_client_table_t, n),
-    AT_FIELD(at_client_table_t, pad), AT_FIELD(at_client_table_t, seed)};
+    AT_FIELD(at_client_table_t, pad), AT_FIELD(at_client_table_t, seed),
+    AT_FIELD(at_client_table_t, secret)};
 
 static const at_field_t client_key_fields[] = {AT_FIELD(at_client_key_t, b)};
 
@@ -146,7 +147,8 @@ static const at_field_t zone_conf_fields[] = {
     AT_FIELD(at_zone_conf_t, read_body),
     AT_FIELD(at_zone_conf_t, retry_after_max), AT_FIELD(at_zone_conf_t, client_v6_prefix),
     AT_FIELD(at_zone_conf_t, refuse_status),   AT_FIELD(at_zone_conf_t, reserve),
-    AT_FIELD(at_zone_conf_t, codel_target_us), AT_FIELD(at_zone_conf_t, codel_interval_us)};
+    AT_FIELD(at_zone_conf_t, codel_target_us), AT_FIELD(at_zone_conf_t, codel_interval_us),
+    AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, key_pad)};
 
 #define COUNTER_FIELD(name, ...) AT_FIELD(at_zone_counters_t, name),
 static const at_field_t counters_fields[] = {AT_ZONE_COUNTERS(COUNTER_FIELD)};

@@ -224,6 +224,15 @@ static const char *parse_per_client(apr_pool_t *p, const char *v,
     return err;
 }
 
+static const char *parse_per_key(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 1, AT_LIMIT_MAX + AT_QUEUE_MAX, &n);
+
+    c->per_key = (apr_uint32_t)n;
+    return err;
+}
+
 static const char *parse_mem(apr_pool_t *p, const char *v, at_zone_conf_t *c)
 {
     return at_parse_size(p, v, 1, AT_MEM_MAX, &c->mem_bytes);
@@ -355,11 +364,12 @@ static const struct {
     {"status", parse_status},
     {"reserve", parse_reserve},
     {"codel", parse_codel},
+    {"per_key", parse_per_key},
 };
 
 #define KEY_LIST                                                                         \
     "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, "           \
-    "read_body, retry_after_max, per_client_v6, status, reserve, codel"
+    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -500,6 +510,10 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     }
     if (seen[key_index("per_client_v6")] && !c.per_client) {
         return "per_client_v6 goes with per_client=N";
+    }
+    if (c.per_client && c.per_key) {
+        return "per_client and per_key count in the same table: give one of them "
+               "(per_key=N key=%{REMOTE_ADDR} counts addresses too, but whole)";
     }
     if ((auto_err = bound_auto_limit(p, &c))) {
         return auto_err;

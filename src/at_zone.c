@@ -225,6 +225,12 @@ static void end_over_cap(at_zone_t *z, at_ticket_t *t)
     t->over_cap = 0;
 }
 
+void at_zone_key_from_text(const at_zone_t *z, const char *text, apr_size_t n,
+                           at_client_key_t *out)
+{
+    at_client_key_from_text(&z->clients, text, n, out);
+}
+
 static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
 {
     return z->per_client && at_client_count(&z->clients, client) >= z->per_client;
@@ -251,13 +257,16 @@ static void ticket_clear(at_ticket_t *t, int untimed)
 }
 
 /* Refused before waiting: counted in total, for its priority, for limit=auto
- * and for retry_after=auto (unless only the client's share was over). */
+ * and for retry_after=auto (unless only the share of its client or key was
+ * over). */
 static at_result_t refuse_newcomer(at_zone_t *z, const at_request_t *rq, at_result_t why,
                                    apr_uint64_t *counter, apr_int64_t now)
 {
+    int share = why == AT_REJECTED_CLIENT || why == AT_REJECTED_KEY;
+
     (*counter)++;
-    zone_count_refusal(z, rq->priority, now, why != AT_REJECTED_CLIENT);
-    if (why != AT_REJECTED_CLIENT) {
+    zone_count_refusal(z, rq->priority, now, !share);
+    if (!share) {
         at_sensor_refused(&z->sensor);
     }
     return why;
@@ -343,8 +352,10 @@ static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
     }
     if (client_at_quota(z, rq.client)) {
         r = z->dry_run ? run_over_cap(z, t, 1) /* the client was over its share */
-                       : refuse_newcomer(z, &rq, AT_REJECTED_CLIENT,
-                                         &z->counters.rejected_client, start);
+                       : z->keyed ? refuse_newcomer(z, &rq, AT_REJECTED_KEY,
+                                                    &z->counters.rejected_key, start)
+                                  : refuse_newcomer(z, &rq, AT_REJECTED_CLIENT,
+                                                    &z->counters.rejected_client, start);
         zone_unlock_after_mem(z, &m);
         return r;
     }

@@ -65,7 +65,7 @@ typedef struct {
 struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;
-    apr_uint32_t pad0;
+    apr_uint32_t keyed; /* per_key: per_client counts keys, not addresses */
     apr_uint64_t layout; /* zone_layout() of the build that laid it */
     apr_uint32_t limit, queue_cap, retry_after, retry_after_max, per_client;
     apr_int32_t dry_run;

@@ -32,7 +32,7 @@ static const at_field_t prio_fields[] = {
 
 static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, magic),        AT_FIELD(at_zone_t, nslots),
-    AT_FIELD(at_zone_t, nwaiters),     AT_FIELD(at_zone_t, pad0),
+    AT_FIELD(at_zone_t, nwaiters),     AT_FIELD(at_zone_t, keyed),
     AT_FIELD(at_zone_t, layout),
     AT_FIELD(at_zone_t, limit),        AT_FIELD(at_zone_t, queue_cap),
     AT_FIELD(at_zone_t, retry_after),  AT_FIELD(at_zone_t, retry_after_max),
@@ -126,9 +126,11 @@ static void apply_limit(at_zone_t *z, const at_zone_conf_t *c)
 
 static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
-    int recount = c->per_client && !z->per_client;
+    apr_uint32_t per = c->per_client ? c->per_client : c->per_key;
+    int recount = per && !z->per_client;
 
-    z->per_client = c->per_client;
+    z->per_client = per;
+    z->keyed = c->per_key != 0;
     if (recount) {
         zone_recount_clients(z); /* counts lapse while the limit is off */
     }

@@ -230,8 +230,12 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->limit_changes = z->ctl.changes;
     o->baseline_us = z->ctl.baseline_us;
     o->recent_us = z->ctl.recent_us;
-    o->per_client = z->per_client;
-    o->clients = z->per_client ? at_client_in(&z->clients) : 0;
+    o->per_client = z->keyed ? 0 : z->per_client;
+    o->per_key = z->keyed ? z->per_client : 0;
+    if (z->per_client) {
+        o->clients = at_client_in(&z->clients);
+        o->nbusiest = at_client_busiest(&z->clients, o->busiest, AT_BUSIEST);
+    }
     o->service_ewma_us = z->service_ewma_us;
     o->wait_all = z->wait_all;
     o->service_all = z->service_all;

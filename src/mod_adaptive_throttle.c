@@ -229,6 +229,7 @@ static int is_refusal(at_result_t res)
     case AT_REJECTED_WORKERS:
     case AT_REJECTED_STANDING:
     case AT_REJECTED_LOCKED:
+    case AT_REJECTED_KEY:
         return 1;
     default:
         return 0;
@@ -247,6 +248,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_WORKERS: return "rejected-workers";
     case AT_REJECTED_STANDING: return "rejected-standing";
     case AT_REJECTED_LOCKED: return "rejected-locked";
+    case AT_REJECTED_KEY: return "rejected-key";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -313,6 +315,34 @@ static int handle_redirect(request_rec *r, dir_conf_t *d, req_state_t *st)
     return DECLINED;
 }
 
+/* Who the request counts against: its key= text with per_key (an empty
+ * one, or one that cannot be evaluated, counts against nobody), else the
+ * client's address. useragent_addr is the connection's peer unless the
+ * administrator has told mod_remoteip which proxies to believe. */
+static void request_key(request_rec *r, const zone_ref_t *ref, at_client_key_t *out)
+{
+    const char *err = NULL, *text;
+
+    if (!ref->key) {
+        at_client_key_from_sockaddr(r->useragent_addr, ref->conf.client_v6_prefix, out);
+        return;
+    }
+    text = ap_expr_str_exec(r, ref->key, &err);
+    if (err) {
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "zone %s: its key= cannot be "
+                      "evaluated (%s): the request counts against no key", ref->name, err);
+        text = NULL;
+    }
+    at_zone_key_from_text(ref->zone, text, text ? strlen(text) : 0, out);
+    if (!at_client_key_none(out)) {
+        char shown[AT_CLIENT_KEY_TEXT_LEN];
+
+        /* what the status page's Busiest shows: a log can join the two */
+        at_client_key_show(out, shown, sizeof(shown));
+        apr_table_set(r->subprocess_env, "THROTTLE_KEY", shown);
+    }
+}
+
 static int throttle_handler(request_rec *r)
 {
     request_rec *top = r;
@@ -353,9 +383,7 @@ static int throttle_handler(request_rec *r)
         return rc;
     }
 
-    /* useragent_addr is the connection's peer unless the administrator has
-     * told mod_remoteip which proxies to believe. */
-    at_client_key_from_sockaddr(r->useragent_addr, ref->conf.client_v6_prefix, &client);
+    request_key(r, ref, &client);
     at_faults_hang_holding_lock(r, ref->zone);
     rq.client = &client;
     rq.may_wait = at_may_wait(ref->zone);

@@ -9,6 +9,7 @@
 
 #include "httpd.h"
 #include "http_config.h"
+#include "ap_expr.h"
 
 #include "apr_hash.h"
 
@@ -26,6 +27,7 @@ typedef struct {
     const char *defined_at; /* NULL until ThrottleZone NAME is read */
     const char *first_use;
     at_zone_conf_t conf;
+    ap_expr_info_t *key; /* key=: what per_key counts by; NULL: none */
     at_zone_t *zone;
 } zone_ref_t;
 

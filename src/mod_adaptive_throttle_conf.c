@@ -56,10 +56,56 @@ zone_ref_t *at_zone_ref_for(cmd_parms *cmd, const char *name)
     return ref;
 }
 
+/* key=EXPR is httpd's (an ap_expr string), the rest the core's: takes
+ * key= out of argv into *key, leaving the other words in *rest. */
+static const char *take_key(cmd_parms *cmd, int argc, char *const argv[],
+                            apr_array_header_t *rest, ap_expr_info_t **key)
+{
+    const char *err = NULL;
+    int i;
+
+    *key = NULL;
+    for (i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "key=", 4) != 0) {
+            APR_ARRAY_PUSH(rest, const char *) = argv[i];
+            continue;
+        }
+        if (*key) {
+            return "key 'key' is given twice";
+        }
+        if (!argv[i][4]) {
+            return "key 'key' has an empty value";
+        }
+        *key = ap_expr_parse_cmd(cmd, argv[i] + 4, AP_EXPR_FLAG_STRING_RESULT, &err,
+                                 NULL);
+        if (err) {
+            return apr_psprintf(cmd->pool,
+                                "key 'key' has a bad value: %s (an expression such as "
+                                "%%{HTTP:X-Api-Key} or %%{REMOTE_USER})",
+                                err);
+        }
+    }
+    return NULL;
+}
+
+static const char *check_key(const at_zone_conf_t *conf, const ap_expr_info_t *key)
+{
+    if (conf->per_key && !key) {
+        return "per_key=N counts requests per key: name the key with key=EXPR, "
+               "e.g. key=%{HTTP:X-Api-Key}";
+    }
+    if (key && !conf->per_key) {
+        return "key= names what per_key counts by: give per_key=N too";
+    }
+    return NULL;
+}
+
 static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
                             char *const argv[])
 {
     const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    apr_array_header_t *rest;
+    ap_expr_info_t *key;
     at_zone_conf_t conf;
     zone_ref_t *ref;
     (void)dummy;
@@ -73,8 +119,14 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
     if ((err = at_parse_zone_name(cmd->pool, argv[0]))) {
         return apr_pstrcat(cmd->pool, "ThrottleZone: ", err, NULL);
     }
-    err = at_parse_zone_args(cmd->pool, argc - 1, (const char *const *)argv + 1,
-                             &conf);
+    rest = apr_array_make(cmd->temp_pool, argc, sizeof(const char *));
+    if (!(err = take_key(cmd, argc - 1, argv + 1, rest, &key))) {
+        err = at_parse_zone_args(cmd->pool, rest->nelts, (const char *const *)rest->elts,
+                                 &conf);
+    }
+    if (!err) {
+        err = check_key(&conf, key);
+    }
     if (err) {
         return apr_psprintf(cmd->pool, "ThrottleZone %s: %s", argv[0], err);
     }
@@ -85,6 +137,7 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
     }
     ref->defined_at = at_cmd_where(cmd);
     ref->conf = conf;
+    ref->key = key;
     return NULL;
 }
 
@@ -290,7 +343,8 @@ const command_rec at_throttle_cmds[] = {
     AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
                       "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
                       "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
-                      "[per_client=N [per_client_v6=/64]] [mem=SIZE] [read_body=SIZE] "
+                      "[per_client=N [per_client_v6=/64] | per_key=N key=EXPR] "
+                      "[mem=SIZE] [read_body=SIZE] "
                       "[retry_after_max=SECONDS] [status=503|429] [reserve=N] "
                       "[codel=TARGET[:INTERVAL]]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,

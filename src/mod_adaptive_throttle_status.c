@@ -60,7 +60,8 @@ const field_t at_status_fields[NFIELDS] = {
     {"BaselineMs", "baseline_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"RecentServiceMs", "recent_service_ms", NULL, NULL, GAUGE, NULL, IF_AUTO},
     {"PerClient", "per_client", "per_client", NULL, GAUGE, "Requests one client address may have running or waiting; 0: no limit.", ALWAYS},
-    {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses with requests running or waiting (counted when per_client is set).", ALWAYS},
+    {"PerKey", "per_key", "per_key", NULL, GAUGE, "Requests one key (key=) may have running or waiting; 0: no limit.", ALWAYS},
+    {"Clients", "clients", "clients", NULL, GAUGE, "Client addresses (per_client) or keys (per_key) with requests running or waiting; 0 without either.", ALWAYS},
     {"Reserve", "reserve", "reserve", NULL, GAUGE, "Slots that requests of priority 0 and below leave free (reserve=).", ALWAYS},
     {"CodelTargetMs", "codel_target_ms", NULL, NULL, GAUGE, NULL, IF_CODEL},
     {"CodelIntervalMs", "codel_interval_ms", NULL, NULL, GAUGE, NULL, IF_CODEL},
@@ -119,6 +120,7 @@ static void fill_values(zone_view_t *z)
     v[F_SERVICE_MAX] = ms(s->service_recent.max_us);
     v[F_SERVICE_N] = (double)s->service_recent.n;
     v[F_PER_CLIENT] = s->per_client;
+    v[F_PER_KEY] = s->per_key;
     v[F_CLIENTS] = s->clients;
     v[F_RESERVE] = s->reserve;
     v[F_CODEL_TARGET] = ms(s->codel_target_us);
@@ -214,6 +216,26 @@ const char *at_status_value_text(apr_pool_t *p, const zone_view_t *z, int f)
     }
 }
 
+/* The clients (per_client) or keys (per_key) with the most requests in,
+ * as "who=count" words joined by sep. */
+static const char *busiest_text(apr_pool_t *p, const zone_view_t *z, const char *sep)
+{
+    const char *out = "";
+    char who[AT_CLIENT_KEY_TEXT_LEN];
+    apr_uint32_t i;
+
+    for (i = 0; i < z->s.nbusiest; i++) {
+        at_client_key_show(&z->s.busiest[i].key, who, sizeof(who));
+        out = apr_psprintf(p, "%s%s%s=%u", out, i ? sep : "", who, z->s.busiest[i].count);
+    }
+    return out;
+}
+
+static int counts_clients(const zone_view_t *z)
+{
+    return z->s.per_client || z->s.per_key;
+}
+
 /* ---- per priority ---------------------------------------------------------- */
 
 
@@ -296,6 +318,9 @@ static void emit_auto(request_rec *r, apr_array_header_t *views)
                            at_status_value_text(r->pool, z, f));
             }
         }
+        if (counts_clients(z)) {
+            ap_rprintf(r, "Throttle.%s.Busiest: %s\n", z->name, busiest_text(r->pool, z, " "));
+        }
         emit_auto_priorities(r, z);
     }
     emit_auto_children(r);
@@ -324,6 +349,21 @@ static void emit_json_priorities(request_rec *r, const zone_view_t *z)
     ap_rputs("]", r);
 }
 
+/* Addresses and hex: nothing to escape. */
+static void emit_json_busiest(request_rec *r, const zone_view_t *z)
+{
+    char who[AT_CLIENT_KEY_TEXT_LEN];
+    apr_uint32_t i;
+
+    ap_rputs(",\"busiest\":[", r);
+    for (i = 0; i < z->s.nbusiest; i++) {
+        at_client_key_show(&z->s.busiest[i].key, who, sizeof(who));
+        ap_rprintf(r, "%s{\"who\":\"%s\",\"count\":%u}", i ? "," : "", who,
+                   z->s.busiest[i].count);
+    }
+    ap_rputs("]", r);
+}
+
 static void emit_json(request_rec *r, apr_array_header_t *views)
 {
     int i, f;
@@ -345,6 +385,7 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
                 ap_rprintf(r, ",\"%s\":%s", at_status_fields[f].json, at_status_num(r->pool, z->v[f]));
             }
         }
+        emit_json_busiest(r, z);
         emit_json_priorities(r, z);
         ap_rputs("}", r);
     }
@@ -369,6 +410,25 @@ static void emit_json(request_rec *r, apr_array_header_t *views)
 }
 
 /* ---- HTML ---------------------------------------------------------------------- */
+
+static void emit_html_busiest(request_rec *r, apr_array_header_t *views)
+{
+    int i, any = 0;
+
+    for (i = 0; i < views->nelts; i++) {
+        any |= counts_clients(&APR_ARRAY_IDX(views, i, zone_view_t));
+    }
+    if (!any) {
+        return;
+    }
+    ap_rputs("<tr><td>Busiest</td>", r);
+    for (i = 0; i < views->nelts; i++) {
+        zone_view_t *z = &APR_ARRAY_IDX(views, i, zone_view_t);
+        ap_rprintf(r, "<td align=\"right\">%s</td>",
+                   counts_clients(z) ? busiest_text(r->pool, z, "<br>") : "&ndash;");
+    }
+    ap_rputs("</tr>\n", r);
+}
 
 static void emit_html_table(request_rec *r, apr_array_header_t *views)
 {
@@ -401,6 +461,7 @@ static void emit_html_table(request_rec *r, apr_array_header_t *views)
         }
         ap_rputs("</tr>\n", r);
     }
+    emit_html_busiest(r, views);
     ap_rputs("</table>\n", r);
 }
 

@@ -8,7 +8,7 @@ use Apache::TestUtil;
 use lib 't/lib';
 use ThrottleT;
 
-plan tests => 10, need_cgi;
+plan tests => 11, need_cgi;
 
 my $other = '127.0.0.2'; # another client: all of 127/8 is loopback on Linux
 my $before = status_auto();
@@ -18,6 +18,8 @@ probe_reset('perc');
 my @hold = map { bg_get("/perc/probe.cgi?tag=perc&sleep=3000&id=hold$_") } 1 .. 2;
 wait_until(sub { (probe_count('perc'))[0] == 2 }) or die 'holders never started';
 
+ok t_cmp(status_auto()->{'Throttle.perc.Busiest'}, '127.0.0.1=2',
+         'Busiest names the address and its 2 requests');
 my $r = http_get('/perc/probe.cgi?tag=perc&id=third');
 ok t_cmp($r->{status}, 503, 'a third request from the same address is refused');
 ok t_cmp($r->{secs} < 1, 1, sprintf('at once (%.3f s)', $r->{secs}));

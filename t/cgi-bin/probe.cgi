@@ -63,6 +63,7 @@ take_memory(-$mem) if $mem;
 with_count(-1, 0);
 
 print "Content-Type: text/plain\n\n";
-printf "zone=%s result=%s wait_us=%s id=%s httpd_pid=%d priority=%s\n",
+printf "zone=%s result=%s wait_us=%s id=%s httpd_pid=%d priority=%s key=%s\n",
     $ENV{THROTTLE_ZONE} // '', $ENV{THROTTLE_RESULT} // '',
-    $ENV{THROTTLE_WAIT_US} // '', $id, getppid(), $ENV{THROTTLE_PRIORITY} // '';
+    $ENV{THROTTLE_WAIT_US} // '', $id, getppid(), $ENV{THROTTLE_PRIORITY} // '',
+    $ENV{THROTTLE_KEY} // '';

@@ -46,6 +46,22 @@ static at_client_key_t key_of(unsigned n)
     return k;
 }
 
+static at_zone_t *zone_per_key(apr_uint32_t limit, apr_uint32_t queue, apr_uint32_t per_key)
+{
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 10000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .per_key = per_key};
+
+    return zone_new_conf(&c);
+}
+
+static at_client_key_t text_key(at_zone_t *z, const char *text)
+{
+    at_client_key_t k;
+
+    at_zone_key_from_text(z, text, strlen(text), &k);
+    return k;
+}
+
 typedef struct {
     at_zone_t *z;
     at_client_key_t key;
@@ -281,6 +297,83 @@ static void test_keys_from_addresses(void **state)
     apr_pool_destroy(p);
 }
 
+/* Keys as the status page shows them. */
+static void test_keys_shown(void **state)
+{
+    apr_pool_t *p;
+    at_client_key_t k;
+    at_zone_t *z = zone_per_key(2, 2, 1);
+    char buf[AT_CLIENT_KEY_TEXT_LEN];
+    (void)state;
+
+    apr_pool_create(&p, NULL);
+    k = key_of_text(p, "::ffff:192.0.2.1");
+    at_client_key_show(&k, buf, sizeof(buf));
+    assert_string_equal(buf, "192.0.2.1");
+    k = key_of_text(p, "2001:db8:1:2:ffff:1:2:3");
+    at_client_key_show(&k, buf, sizeof(buf));
+    assert_string_equal(buf, "2001:db8:1:2::"); /* the /64 it counts by */
+    k = text_key(z, "alice");
+    at_client_key_show(&k, buf, sizeof(buf));
+    assert_int_equal(strlen(buf), 16);
+    assert_int_equal(strspn(buf, "0123456789abcdef"), 16);
+    memset(&k, 0, sizeof(k));
+    at_client_key_show(&k, buf, sizeof(buf));
+    assert_string_equal(buf, "-");
+    zone_free(z);
+    apr_pool_destroy(p);
+}
+
+/* The busiest: against a sort of every count, for tables of random
+ * counts, with ties, with fewer clients than asked for and with more. */
+static void test_busiest_against_sort(void **state)
+{
+    enum { CLIENTS = 40, K = AT_BUSIEST };
+    at_zone_t *z = zone_per_client(200, 200, 1000);
+    at_zone_stats_t st;
+    at_ticket_t *t = calloc(400, sizeof(*t));
+    unsigned count[CLIENTS], round, c, i, n, held;
+    (void)state;
+
+    srandom(7);
+    for (round = 0; round < 20; round++) {
+        unsigned clients = round % 2 ? CLIENTS : 1 + (unsigned)random() % K;
+        unsigned sorted[CLIENTS];
+
+        held = 0;
+        for (c = 0; c < clients; c++) {
+            at_client_key_t k = key_of(c);
+
+            count[c] = 1 + (unsigned)random() % 6;
+            for (i = 0; i < count[c]; i++) {
+                assert_int_equal(at_zone_acquire_for(z, &t[held++], &k, NULL, NULL),
+                                 AT_ADMITTED);
+            }
+        }
+        at_zone_stats(z, &st);
+        memcpy(sorted, count, sizeof(sorted));
+        for (c = 1; c < clients; c++) { /* most first */
+            for (i = c; i > 0 && sorted[i] > sorted[i - 1]; i--) {
+                unsigned x = sorted[i];
+                sorted[i] = sorted[i - 1];
+                sorted[i - 1] = x;
+            }
+        }
+        n = clients < K ? clients : K;
+        assert_int_equal(st.nbusiest, n);
+        for (i = 0; i < n; i++) {
+            unsigned who = (unsigned)st.busiest[i].key.b[15]; /* key_of(c) ends in c */
+            assert_int_equal(st.busiest[i].count, sorted[i]);
+            assert_int_equal(st.busiest[i].count, count[who]);
+        }
+        for (i = 0; i < held; i++) {
+            at_zone_release(z, &t[i]);
+        }
+    }
+    free(t);
+    zone_free(z);
+}
+
 /* ::1 and the addresses that carry IPv4 have all-zero first 64 bits: keyed
  * by the /64 alone they were "nobody", never limited. The key carries the
  * family, and the prefix is the zone's. */
@@ -329,16 +422,87 @@ static void test_loopback_v6_is_limited(void **state)
     apr_pool_destroy(p);
 }
 
+/* SipHash-2-4 as its authors publish it: key 00 01 .. 0f; the empty
+ * message, and the message 00 01 .. 0e (one word and a tail). */
+static void test_siphash_reference_vectors(void **state)
+{
+    apr_uint64_t k0 = APR_UINT64_C(0x0706050403020100), k1 = APR_UINT64_C(0x0f0e0d0c0b0a0908);
+    unsigned char m[15];
+    unsigned i;
+    (void)state;
+
+    for (i = 0; i < sizeof(m); i++) {
+        m[i] = (unsigned char)i;
+    }
+    assert_true(at_siphash24(k0, k1, m, 0) == APR_UINT64_C(0x726fdb47dd0e0e31));
+    assert_true(at_siphash24(k0, k1, m, 15) == APR_UINT64_C(0xa129ca6149be45e5));
+}
+
+/* per_key: a key's requests count together, whatever address they come
+ * from; another key is not affected; an empty key is nobody's; the
+ * refusal is the key's, counted apart from per_client's. */
+static void test_per_key_counts_by_text(void **state)
+{
+    at_zone_t *z = zone_per_key(8, 8, 2);
+    at_client_key_t alice = text_key(z, "alice"), again = text_key(z, "alice");
+    at_client_key_t bob = text_key(z, "bob"), none = text_key(z, "");
+    at_ticket_t t[8];
+    int i;
+    (void)state;
+
+    assert_memory_equal(&alice, &again, sizeof(alice));
+    assert_memory_not_equal(&alice, &bob, sizeof(alice));
+    assert_true(at_client_key_none(&none));
+    assert_int_equal(at_zone_acquire_for(z, &t[0], &alice, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_for(z, &t[1], &alice, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_for(z, &t[2], &alice, NULL, NULL), AT_REJECTED_KEY);
+    assert_int_equal(at_zone_acquire_for(z, &t[2], &bob, NULL, NULL), AT_ADMITTED);
+    for (i = 3; i < 6; i++) {
+        assert_int_equal(at_zone_acquire_for(z, &t[i], &none, NULL, NULL), AT_ADMITTED);
+    }
+    assert_int_equal(stats_of(z).counters.rejected_key, 1);
+    assert_int_equal(stats_of(z).counters.rejected_client, 0);
+    assert_int_equal(stats_of(z).per_key, 2);
+    assert_int_equal(stats_of(z).per_client, 0);
+    assert_int_equal(stats_of(z).clients, 2);
+    at_zone_release(z, &t[0]);
+    assert_int_equal(at_zone_acquire_for(z, &t[0], &alice, NULL, NULL), AT_ADMITTED);
+    for (i = 0; i < 6; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    assert_int_equal(stats_of(z).clients, 0);
+    zone_free(z);
+}
+
+/* A text's key depends on the zone's random secret: nobody who knows the
+ * code can make up a text that counts as another's. */
+static void test_text_keys_are_secret_per_zone(void **state)
+{
+    at_zone_t *a = zone_per_key(4, 4, 1), *b = zone_per_key(4, 4, 1);
+    at_client_key_t ka = text_key(a, "alice"), kb = text_key(b, "alice");
+    (void)state;
+
+    assert_int_equal(ka.b[0], AT_CLIENT_KEY_TEXT);
+    assert_memory_not_equal(&ka, &kb, sizeof(ka));
+    zone_free(a);
+    zone_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_running_and_waiting_count),
+        cmocka_unit_test(test_siphash_reference_vectors),
+        cmocka_unit_test(test_per_key_counts_by_text),
+        cmocka_unit_test(test_text_keys_are_secret_per_zone),
         cmocka_unit_test(test_no_key_no_limit),
         cmocka_unit_test(test_table_against_model),
         cmocka_unit_test(test_reclaim_gives_client_back),
         cmocka_unit_test(test_lock_repair_recounts),
         cmocka_unit_test(test_enabled_by_reconfigure),
         cmocka_unit_test(test_keys_from_addresses),
+        cmocka_unit_test(test_keys_shown),
+        cmocka_unit_test(test_busiest_against_sort),
         cmocka_unit_test(test_ipv6_keys_are_somebody),
         cmocka_unit_test(test_loopback_v6_is_limited),
     };

@@ -78,7 +78,11 @@ static void test_accepted(void **state)
     assert_int_equal(c.limit_auto, 0);
     assert_null(parse_line("limit=3 per_client=2", &c));
     assert_int_equal(c.per_client, 2);
+    assert_int_equal(c.per_key, 0);
     assert_int_equal(c.mem_bytes, 0);
+    assert_null(parse_line("limit=3 per_key=2", &c));
+    assert_int_equal(c.per_key, 2);
+    assert_int_equal(c.per_client, 0);
 }
 
 static void test_mem_sizes(void **state)
@@ -240,6 +244,9 @@ static void test_refused(void **state)
         {"limit=1 per_client=1 per_client_v6=/129", "/129"},
         {"limit=1 per_client=1 per_client_v6=//64", "//64"},
         {"limit=1 per_client_v6=/64", "per_client=N"},
+        {"limit=1 per_key=0", "0"},
+        {"limit=1 per_key=many", "many"},
+        {"limit=2 per_client=1 per_key=1", "give one of them"},
     };
     (void)state;
 
