@@ -19,6 +19,12 @@
 #endif
 #define AT_RETRY_AFTER_AUTO 0
 
+/* order=: who waits least once the queue stands (codel=): the oldest of
+ * the highest priority waiting (FIFO), or the newest (LIFO: the oldest
+ * waiters' clients have most likely gone, and codel= cuts their wait). */
+#define AT_ORDER_FIFO 0
+#define AT_ORDER_LIFO 1
+
 typedef struct {
     apr_uint32_t limit;
     apr_uint32_t queue;
@@ -41,7 +47,7 @@ typedef struct {
     apr_int64_t codel_target_us;   /* codel=: 0 off */
     apr_int64_t codel_interval_us; /* codel=TARGET:INTERVAL; 0: from service time */
     apr_uint32_t per_key;     /* running + waiting per key (key= in the glue); 0: none */
-    apr_uint32_t key_pad;
+    apr_uint32_t order;       /* order=: AT_ORDER_FIFO, or AT_ORDER_LIFO (with codel=) */
 } at_zone_conf_t;
 
 /* retry_after=auto never advises more than this many seconds unless

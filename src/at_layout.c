@@ -148,7 +148,7 @@ static const at_field_t zone_conf_fields[] = {
     AT_FIELD(at_zone_conf_t, retry_after_max), AT_FIELD(at_zone_conf_t, client_v6_prefix),
     AT_FIELD(at_zone_conf_t, refuse_status),   AT_FIELD(at_zone_conf_t, reserve),
     AT_FIELD(at_zone_conf_t, codel_target_us), AT_FIELD(at_zone_conf_t, codel_interval_us),
-    AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, key_pad)};
+    AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, order)};
 
 #define COUNTER_FIELD(name, ...) AT_FIELD(at_zone_counters_t, name),
 static const at_field_t counters_fields[] = {AT_ZONE_COUNTERS(COUNTER_FIELD)};

@@ -224,6 +224,20 @@ static const char *parse_per_client(apr_pool_t *p, const char *v,
     return err;
 }
 
+static const char *parse_order(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    if (strcasecmp(v, "fifo") == 0) {
+        c->order = AT_ORDER_FIFO;
+    }
+    else if (strcasecmp(v, "lifo") == 0) {
+        c->order = AT_ORDER_LIFO;
+    }
+    else {
+        return apr_psprintf(p, "'%s' is neither fifo nor lifo", v);
+    }
+    return NULL;
+}
+
 static const char *parse_per_key(apr_pool_t *p, const char *v, at_zone_conf_t *c)
 {
     apr_uint64_t n;
@@ -365,11 +379,12 @@ static const struct {
     {"reserve", parse_reserve},
     {"codel", parse_codel},
     {"per_key", parse_per_key},
+    {"order", parse_order},
 };
 
 #define KEY_LIST                                                                         \
     "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, "           \
-    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key"
+    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key, order"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -524,6 +539,10 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
                             "and below: it must be less than %s (%u)",
                             c.reserve, c.limit_auto ? "max" : "limit",
                             at_conf_highest_limit(&c));
+    }
+    if (c.order == AT_ORDER_LIFO && !c.codel_target_us) {
+        return "order=lifo serves the newest first while the queue stands, which codel= "
+               "tells: give codel=TARGET too";
     }
     if (c.codel_target_us && c.codel_target_us >= c.timeout_us) {
         return "codel's target must be shorter than the timeout: it cuts waits "

@@ -124,6 +124,24 @@ apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority)
     return n;
 }
 
+/* Who runs next: the head of the queue (the oldest of the highest
+ * priority waiting), or with order=lifo while the queue stands the newest
+ * of that priority, the last before the queue's priority drops. */
+static apr_int32_t next_to_run(const at_zone_t *z, apr_int64_t now)
+{
+    const at_waiter_t *w = waiters((at_zone_t *)z);
+    apr_int32_t i = z->qhead;
+
+    if (z->order != AT_ORDER_LIFO || i == NONE
+        || at_codel_standing_for(&z->codel, now, z->typical_service_us) == 0) {
+        return i;
+    }
+    while (w[i].next != NONE && w[w[i].next].priority == w[z->qhead].priority) {
+        i = w[i].next;
+    }
+    return i;
+}
+
 void zone_dispatch(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -131,7 +149,7 @@ void zone_dispatch(at_zone_t *z)
 
     while (z->qhead != NONE && zone_running(z) < zone_slots_for(z, w[z->qhead].priority) &&
            z->free_slot != NONE && mem_allows(z)) {
-        apr_int32_t i = z->qhead, slot;
+        apr_int32_t i = next_to_run(z, now), slot;
 
         zone_queue_unlink(z, i);
         AT_STEP(AT_STEP_DISPATCH, 1);

@@ -99,7 +99,7 @@ struct at_zone {
     at_hist_t wait_win[2], service_win[2];
     apr_int64_t win_start_us;
     apr_int32_t win_cur;
-    apr_int32_t pad1;
+    apr_uint32_t order; /* order=: AT_ORDER_FIFO or AT_ORDER_LIFO */
 
     apr_size_t slots_off, waiters_off;
     /* per_client: requests in per client; every counted request holds a

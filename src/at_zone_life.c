@@ -50,7 +50,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, retry),        AT_FIELD(at_zone_t, wait_all),
     AT_FIELD(at_zone_t, service_all),  AT_FIELD(at_zone_t, wait_win),
     AT_FIELD(at_zone_t, service_win),  AT_FIELD(at_zone_t, win_start_us),
-    AT_FIELD(at_zone_t, win_cur),      AT_FIELD(at_zone_t, pad1),
+    AT_FIELD(at_zone_t, win_cur),      AT_FIELD(at_zone_t, order),
     AT_FIELD(at_zone_t, slots_off),
     AT_FIELD(at_zone_t, waiters_off),  AT_FIELD(at_zone_t, clients),
     AT_FIELD(at_zone_t, limit_auto),   AT_FIELD(at_zone_t, pad2),
@@ -147,6 +147,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
         at_codel_queue_is(&z->codel, z->queued, at_now_us());
     }
     z->codel.target_us = c->codel_target_us;
+    z->order = c->order;
     z->codel.interval_us = c->codel_interval_us;
 }
 

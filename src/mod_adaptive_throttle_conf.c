@@ -346,7 +346,7 @@ const command_rec at_throttle_cmds[] = {
                       "[per_client=N [per_client_v6=/64] | per_key=N key=EXPR] "
                       "[mem=SIZE] [read_body=SIZE] "
                       "[retry_after_max=SECONDS] [status=503|429] [reserve=N] "
-                      "[codel=TARGET[:INTERVAL]]: a shared cap and queue"),
+                      "[codel=TARGET[:INTERVAL] [order=fifo|lifo]]: a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,

@@ -46,6 +46,8 @@ my @bad = (
     ['ThrottleZone web limit=2 reserve=x',        qr/ThrottleZone web: .*reserve.*'x'/],
     ['ThrottleZone web limit=2 codel=soon',       qr/ThrottleZone web: .*codel.*'soon'.*codel=TARGET/],
     ['ThrottleZone web limit=2 timeout=1s codel=2s', qr/ThrottleZone web: codel's target must be shorter than the timeout/],
+    ['ThrottleZone web limit=2 order=lifo',       qr/ThrottleZone web: order=lifo serves the newest first while the queue stands, which codel= tells/],
+    ['ThrottleZone web limit=2 codel=100ms order=last', qr/ThrottleZone web: key 'order' has a bad value: 'last' is neither fifo nor lifo/],
     ["<Location /x>\nThrottlePriority 11\n</Location>", qr/ThrottlePriority: '11' is not a priority: an integer from -10 to 10/],
     ["<Location /x>\nThrottlePriority high\n</Location>", qr/ThrottlePriority: 'high' is not a priority/],
     ["<Location /x>\nThrottlePriority 2 timeout=never\n</Location>", qr/ThrottlePriority: timeout: 'never'/],

@@ -377,6 +377,71 @@ static void test_codel_in_a_zone(void **state)
     zone_free(z);
 }
 
+/* order=lifo: once the queue stands, the newest of the highest priority
+ * waiting runs next; before it stands, and with order=fifo, the oldest. */
+static void run_standing(apr_uint32_t order, apr_int64_t interval_us, const int *prio, int n,
+                         int *ran)
+{
+    at_zone_conf_t c = {.limit = 1,
+                        .queue = 8,
+                        .timeout_us = 20000 * MS,
+                        .codel_target_us = 10000 * MS, /* nobody cut: only the order shows */
+                        .codel_interval_us = interval_us,
+                        .order = order,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
+    at_zone_t *z = zone_new_conf(&c);
+    pthread_t th[8];
+    req_arg_t a[8];
+    at_ticket_t hold;
+    int next = 0;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    for (int i = 0; i < n; i++) {
+        a[i] = (req_arg_t){z, i, prio[i], 0, 1 * MS, AT_ERROR, 0, ran, &next};
+        pthread_create(&th[i], NULL, request_thread, &a[i]);
+        wait_until_queued(z, (apr_uint32_t)i + 1);
+    }
+    if (interval_us < 1000 * MS) {
+        while (stats_of(z).standing_us == 0) {
+            usleep(10 * MS);
+        }
+    }
+    else {
+        assert_int_equal(stats_of(z).standing_us, 0); /* a burst, as yet */
+    }
+    at_zone_release(z, &hold);
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_QUEUED);
+    }
+    zone_free(z);
+}
+
+static void test_lifo_serves_the_newest_once_the_queue_stands(void **state)
+{
+    static const int prio[4] = {0, 5, 0, 5};
+    static const int lifo[4] = {3, 1, 2, 0}, fifo[4] = {1, 3, 0, 2};
+    int ran[4];
+    (void)state;
+
+    run_standing(AT_ORDER_LIFO, 50 * MS, prio, 4, ran);
+    assert_memory_equal(ran, lifo, sizeof(ran));
+    run_standing(AT_ORDER_FIFO, 50 * MS, prio, 4, ran);
+    assert_memory_equal(ran, fifo, sizeof(ran));
+}
+
+/* A queue that has not stood yet (a burst: an interval of 60 s) runs in
+ * arrival order. */
+static void test_lifo_burst_runs_in_arrival_order(void **state)
+{
+    static const int prio[3] = {0, 0, 0}, fifo[3] = {0, 1, 2};
+    int ran[3];
+    (void)state;
+
+    run_standing(AT_ORDER_LIFO, 60000 * MS, prio, 3, ran);
+    assert_memory_equal(ran, fifo, sizeof(ran));
+}
+
 /* ---- retry_after=auto, simulated clients ---------------------------------- */
 
 /* What the zone does for each refusal (refused 1) or grant (0). */
@@ -545,6 +610,8 @@ int main(void)
         cmocka_unit_test(test_codel_empty_queue_restores_the_timeout),
         cmocka_unit_test(test_codel_default_interval),
         cmocka_unit_test(test_codel_in_a_zone),
+        cmocka_unit_test(test_lifo_serves_the_newest_once_the_queue_stands),
+        cmocka_unit_test(test_lifo_burst_runs_in_arrival_order),
         cmocka_unit_test(test_retry_schedules_polite_clients),
         cmocka_unit_test(test_retry_impolite_clients_are_bounded),
         cmocka_unit_test(test_retry_spreads_answers),

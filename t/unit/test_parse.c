@@ -80,6 +80,9 @@ static void test_accepted(void **state)
     assert_int_equal(c.per_client, 2);
     assert_int_equal(c.per_key, 0);
     assert_int_equal(c.mem_bytes, 0);
+    assert_int_equal(c.order, AT_ORDER_FIFO);
+    assert_null(parse_line("limit=3 codel=100ms order=LIFO", &c));
+    assert_int_equal(c.order, AT_ORDER_LIFO);
     assert_null(parse_line("limit=3 per_key=2", &c));
     assert_int_equal(c.per_key, 2);
     assert_int_equal(c.per_client, 0);
@@ -247,6 +250,8 @@ static void test_refused(void **state)
         {"limit=1 per_key=0", "0"},
         {"limit=1 per_key=many", "many"},
         {"limit=2 per_client=1 per_key=1", "give one of them"},
+        {"limit=2 order=lifo", "codel="},
+        {"limit=2 codel=100ms order=random", "neither fifo nor lifo"},
     };
     (void)state;
 
