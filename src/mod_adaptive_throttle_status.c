@@ -539,10 +539,31 @@ static void emit_html(request_rec *r, apr_array_header_t *views)
     ap_rputs("</body></html>\n", r);
 }
 
+enum { FMT_HTML, FMT_JSON, FMT_PROM, FMT_AUTO };
+
+/* ?json, ?prometheus, ?auto; also with an empty value (?prometheus=),
+ * which is what a Prometheus scrape's params give. */
+static int status_format(const char *q)
+{
+    static const struct {
+        const char *name;
+        int format;
+    } formats[] = {{"json", FMT_JSON}, {"prometheus", FMT_PROM}, {"auto", FMT_AUTO}};
+    size_t i, n;
+
+    for (i = 0; q && i < sizeof(formats) / sizeof(formats[0]); i++) {
+        n = strlen(formats[i].name);
+        if (strncmp(q, formats[i].name, n) == 0 && (!q[n] || (q[n] == '=' && !q[n + 1]))) {
+            return formats[i].format;
+        }
+    }
+    return FMT_HTML;
+}
+
 int at_status_handler(request_rec *r)
 {
     apr_array_header_t *views;
-    const char *q = r->args ? r->args : "";
+    int format;
 
     if (strcmp(r->handler, "throttle-status") != 0) {
         return DECLINED;
@@ -552,33 +573,20 @@ int at_status_handler(request_rec *r)
         return HTTP_METHOD_NOT_ALLOWED;
     }
     apr_table_setn(r->headers_out, "Cache-Control", "no-store");
-    if (strcmp(q, "json") == 0) {
-        ap_set_content_type(r, "application/json");
-    }
-    else if (strcmp(q, "prometheus") == 0) {
-        ap_set_content_type(r, "text/plain; version=0.0.4; charset=utf-8");
-    }
-    else if (strcmp(q, "auto") == 0) {
-        ap_set_content_type(r, "text/plain; charset=utf-8");
-    }
-    else {
-        ap_set_content_type(r, "text/html; charset=utf-8");
-    }
+    format = status_format(r->args);
+    ap_set_content_type(r, format == FMT_JSON   ? "application/json"
+                           : format == FMT_PROM ? "text/plain; version=0.0.4; charset=utf-8"
+                           : format == FMT_AUTO ? "text/plain; charset=utf-8"
+                                                : "text/html; charset=utf-8");
     if (r->header_only) {
         return OK;
     }
     views = zone_views(r->pool);
-    if (strcmp(q, "json") == 0) {
-        emit_json(r, views);
-    }
-    else if (strcmp(q, "prometheus") == 0) {
-        at_status_emit_prometheus(r, views);
-    }
-    else if (strcmp(q, "auto") == 0) {
-        emit_auto(r, views);
-    }
-    else {
-        emit_html(r, views);
+    switch (format) {
+    case FMT_JSON: emit_json(r, views); break;
+    case FMT_PROM: at_status_emit_prometheus(r, views); break;
+    case FMT_AUTO: emit_auto(r, views); break;
+    default: emit_html(r, views); break;
     }
     return OK;
 }

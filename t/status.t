@@ -8,7 +8,7 @@ use lib 't/lib';
 use ThrottleT;
 use JSON::PP;
 
-plan tests => 28, need_cgi;
+plan tests => 30, need_cgi;
 
 sub json_zone {
     my ($name) = @_;
@@ -98,6 +98,12 @@ ok t_cmp($a1->{'Throttle.count7.ServiceP50Ms'} >= 1000 && $a1->{'Throttle.count7
 ok t_cmp("$a1->{'Throttle.count7.Limit'} $a1->{'Throttle.count7.QueueCapacity'} $a1->{'Throttle.count7.Active'}",
          '1 0 0', '?auto: limit, queue capacity, active');
 ok t_cmp($a1->{ThrottleMPM}, qr/^(prefork|worker|event)$/, '?auto: MPM named');
+# A Prometheus scrape's params give ?prometheus=, with an empty value.
+my $scraped = http_get('/throttle-status?prometheus=');
+ok t_cmp($scraped->{headers}{'content-type'}, qr{^text/plain; version=0\.0\.4},
+         '?prometheus= is the Prometheus format too');
+ok t_cmp($scraped->{body}, qr/^apache_throttle_limit\{zone="count7"\} 1$/m,
+         '?prometheus= carries the zones');
 ok t_cmp($a1->{ThrottleZones}, qr/\bcount7\b/, '?auto: zone listed');
 
 ok t_cmp($doc->{version}, qr/^\d+\.\d+\.\d+$/, 'JSON: version');
