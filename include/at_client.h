@@ -66,11 +66,11 @@ void at_client_key_from_text(const at_client_table_t *t, const char *text, apr_s
 apr_uint32_t at_client_count(at_client_table_t *t, const at_client_key_t *k);
 void at_client_add(at_client_table_t *t, const at_client_key_t *k);
 void at_client_remove(at_client_table_t *t, const at_client_key_t *k);
-/* How many clients have a request counted (reads the whole table). */
-apr_uint32_t at_client_in(at_client_table_t *t);
-/* The k clients with the most requests counted, most first (reads the
- * whole table); returns how many there are, at most k. */
-apr_uint32_t at_client_busiest(at_client_table_t *t, at_client_entry_t *out, apr_uint32_t k);
+/* The k clients with the most requests counted, most first, and in *in
+ * how many clients have one (one pass over the whole table); returns how
+ * many it put in out, at most k. */
+apr_uint32_t at_client_busiest(at_client_table_t *t, at_client_entry_t *out, apr_uint32_t k,
+                               apr_uint32_t *in);
 
 /* A key as the status page shows it: an IPv4 address, an IPv6 prefix, or
  * for a text the first 64 bits of its hash in hex (THROTTLE_KEY). */

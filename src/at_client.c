@@ -249,16 +249,6 @@ void at_client_remove(at_client_table_t *t, const at_client_key_t *k)
     }
 }
 
-apr_uint32_t at_client_in(at_client_table_t *t)
-{
-    apr_uint32_t i, n = 0;
-
-    for (i = 0; i < t->n; i++) {
-        n += entries(t)[i].count > 0;
-    }
-    return n;
-}
-
 /* Whether a goes before b among the busiest: more requests, then the key,
  * so that ties come out the same on every read. */
 static int busier(const at_client_entry_t *a, const at_client_entry_t *b)
@@ -267,14 +257,20 @@ static int busier(const at_client_entry_t *a, const at_client_entry_t *b)
                                 : memcmp(&a->key, &b->key, sizeof(a->key)) < 0;
 }
 
-apr_uint32_t at_client_busiest(at_client_table_t *t, at_client_entry_t *out, apr_uint32_t k)
+apr_uint32_t at_client_busiest(at_client_table_t *t, at_client_entry_t *out, apr_uint32_t k,
+                               apr_uint32_t *in)
 {
     apr_uint32_t i, j, n = 0;
 
-    for (i = 0; i < t->n && k > 0; i++) {
+    *in = 0;
+    for (i = 0; i < t->n; i++) {
         const at_client_entry_t *e = &entries(t)[i];
 
-        if (e->count == 0 || (n == k && !busier(e, &out[n - 1]))) {
+        if (e->count == 0) {
+            continue;
+        }
+        ++*in;
+        if (k == 0 || (n == k && !busier(e, &out[n - 1]))) {
             continue;
         }
         /* insertion into the k kept so far, most first */

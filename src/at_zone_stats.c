@@ -233,8 +233,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->per_client = z->keyed ? 0 : z->per_client;
     o->per_key = z->keyed ? z->per_client : 0;
     if (z->per_client) {
-        o->clients = at_client_in(&z->clients);
-        o->nbusiest = at_client_busiest(&z->clients, o->busiest, AT_BUSIEST);
+        o->nbusiest = at_client_busiest(&z->clients, o->busiest, AT_BUSIEST, &o->clients);
     }
     o->service_ewma_us = z->service_ewma_us;
     o->wait_all = z->wait_all;

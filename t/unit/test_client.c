@@ -361,6 +361,7 @@ static void test_busiest_against_sort(void **state)
         }
         n = clients < K ? clients : K;
         assert_int_equal(st.nbusiest, n);
+        assert_int_equal(st.clients, clients);
         for (i = 0; i < n; i++) {
             unsigned who = (unsigned)st.busiest[i].key.b[15]; /* key_of(c) ends in c */
             assert_int_equal(st.busiest[i].count, sorted[i]);
