@@ -28,7 +28,7 @@ static at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue, apr_int64_t t
     apr_uint32_t nslots = limit * 2 + 4, nwaiters = queue * 2 + 4;
     void *mem;
 
-    zone_bytes = at_zone_size(nslots, nwaiters);
+    zone_bytes = at_zone_size(nslots, nwaiters, 0);
     mem = mmap(NULL, zone_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED || at_zone_init(mem, zone_bytes, "bench", &c, nslots, nwaiters)) {
         fprintf(stderr, "micro: cannot lay out a zone\n");

@@ -69,7 +69,7 @@ static at_zone_t *zone_new(apr_uint32_t queue)
                         .timeout_us = 60 * APR_INT64_C(1000000),
                         .retry_after = AT_RETRY_AFTER_AUTO};
     apr_uint32_t nslots = LIMIT * 2, nwaiters = queue * 2;
-    apr_size_t size = at_zone_size(nslots, nwaiters);
+    apr_size_t size = at_zone_size(nslots, nwaiters, 0);
     void *mem = map_shared(size);
 
     if (at_zone_init(mem, size, "scale", &c, nslots, nwaiters)) {

@@ -35,7 +35,8 @@ typedef enum {
     AT_REJECTED_STANDING,  /* codel=: waited TARGET while the queue stood */
     AT_REJECTED_LOCKED,    /* the zone's lock was held past the request's deadline
                               (its holder stopped, in a debugger, frozen) */
-    AT_REJECTED_KEY        /* the request's key already has per_key requests in */
+    AT_REJECTED_KEY,       /* the request's key already has per_key requests in */
+    AT_REJECTED_RATE       /* beyond rate= and its burst (for the zone, or its key) */
 } at_result_t;
 
 /* ThrottlePriority: higher runs first; requests wait in priority order,
@@ -60,6 +61,7 @@ typedef struct {
     apr_int64_t granted_us; /* monotonic */
     apr_int64_t wait_us;
     apr_uint32_t queue_depth; /* waiters ahead on arrival */
+    apr_uint32_t retry_after; /* rate=: seconds until one would pass; 0: the zone's advice */
 } at_ticket_t;
 
 /* Every total a zone keeps, defined once: the field, and how the status
@@ -80,12 +82,18 @@ typedef struct {
       "reason=\"client\"", NULL)                                                        \
     X(rejected_key, "RejectedKey", "rejected_key", "rejected_total",                   \
       "reason=\"key\"", NULL)                                                           \
+    X(rejected_rate, "RejectedRate", "rejected_rate", "rejected_total",                \
+      "reason=\"rate\"", NULL)                                                          \
     X(rejected_workers, "RejectedWorkers", "rejected_workers", "rejected_total",       \
       "reason=\"workers\"", NULL)                                                       \
     X(rejected_standing, "RejectedStanding", "rejected_standing", "rejected_total",    \
       "reason=\"standing\"", NULL)                                                      \
     X(rejected_locked, "RejectedLocked", "rejected_locked", "rejected_total",          \
       "reason=\"locked\"", NULL)                                                        \
+    X(rate_delayed, "RateDelayed", "rate_delayed", "rate_delayed_total", NULL,         \
+      "Requests held back to their turn by rate= (rate_delay=).")                       \
+    X(rate_forgotten, "RateForgotten", "rate_forgotten", "rate_forgotten_total", NULL, \
+      "Keys whose rate= bucket was forgotten before it emptied (the table was full).")  \
     X(aborted, "Aborted", "aborted", "aborted_total", NULL,                            \
       "Waiting requests whose client went away.")                                       \
     X(reclaimed, "Reclaimed", "reclaimed", "reclaimed_total", NULL,                    \
@@ -149,12 +157,18 @@ typedef struct {
     int mem_source;
     apr_int64_t mem_read_age_us;
     apr_uint64_t mem_held, mem_read_errors;
+    /* rate=: the definition (interval 0: none), whether by key, the keys
+     * the zone can remember and those whose bucket is not empty */
+    at_rate_conf_t rate;
+    int rate_by_key;
+    apr_uint32_t rate_keys, rate_keys_in;
 } at_zone_stats_t;
 
 /* Called while a request waits; return non-zero when it should give up. */
 typedef int (*at_abort_fn)(void *ctx);
 
-apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters);
+/* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */
+apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters, apr_uint32_t rate_keys);
 
 /* Lay out a fresh zone in mem (at least at_zone_size(nslots, nwaiters)
  * bytes). nslots >= limit and nwaiters >= queue: the headroom lets a later

@@ -6,6 +6,7 @@
 #define AT_ZONE_CONF_H
 
 #include <apr.h>
+#include "at_rate.h"
 
 #define AT_LIMIT_MAX 100000
 #define AT_QUEUE_MAX 100000
@@ -48,6 +49,9 @@ typedef struct {
     apr_int64_t codel_interval_us; /* codel=TARGET:INTERVAL; 0: from service time */
     apr_uint32_t per_key;     /* running + waiting per key (key= in the glue); 0: none */
     apr_uint32_t order;       /* order=: AT_ORDER_FIFO, or AT_ORDER_LIFO (with codel=) */
+    apr_uint32_t keyed;       /* key= given (in the glue): per_key and rate= go by it */
+    apr_uint32_t pad2;
+    at_rate_conf_t rate;      /* rate=, rate_delay= */
 } at_zone_conf_t;
 
 /* retry_after=auto never advises more than this many seconds unless

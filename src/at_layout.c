@@ -9,6 +9,7 @@
 
 #include "at_client.h"
 #include "at_codel.h"
+#include "at_rate.h"
 #include "at_hist.h"
 #include "at_limit.h"
 #include "at_memgate.h"
@@ -148,7 +149,21 @@ static const at_field_t zone_conf_fields[] = {
     AT_FIELD(at_zone_conf_t, retry_after_max), AT_FIELD(at_zone_conf_t, client_v6_prefix),
     AT_FIELD(at_zone_conf_t, refuse_status),   AT_FIELD(at_zone_conf_t, reserve),
     AT_FIELD(at_zone_conf_t, codel_target_us), AT_FIELD(at_zone_conf_t, codel_interval_us),
-    AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, order)};
+    AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, order),
+    AT_FIELD(at_zone_conf_t, keyed),           AT_FIELD(at_zone_conf_t, pad2),
+    AT_FIELD(at_zone_conf_t, rate)};
+
+static const at_field_t rate_conf_fields[] = {
+    AT_FIELD(at_rate_conf_t, interval_ns), AT_FIELD(at_rate_conf_t, burst),
+    AT_FIELD(at_rate_conf_t, delay)};
+
+static const at_field_t rate_table_fields[] = {
+    AT_FIELD(at_rate_table_t, entries_off), AT_FIELD(at_rate_table_t, n),
+    AT_FIELD(at_rate_table_t, pad), AT_FIELD(at_rate_table_t, tat_ns)};
+
+static const at_field_t rate_entry_fields[] = {
+    AT_FIELD(at_rate_entry_t, key), AT_FIELD(at_rate_entry_t, key_pad),
+    AT_FIELD(at_rate_entry_t, tat_ns)};
 
 #define COUNTER_FIELD(name, ...) AT_FIELD(at_zone_counters_t, name),
 static const at_field_t counters_fields[] = {AT_ZONE_COUNTERS(COUNTER_FIELD)};
@@ -165,6 +180,9 @@ static const at_record_t common[] = {
     AT_RECORD(at_client_key_t, client_key_fields),
     AT_RECORD(at_client_entry_t, client_entry_fields),
     AT_RECORD(at_zone_conf_t, zone_conf_fields),
+    AT_RECORD(at_rate_conf_t, rate_conf_fields),
+    AT_RECORD(at_rate_table_t, rate_table_fields),
+    AT_RECORD(at_rate_entry_t, rate_entry_fields),
     AT_RECORD(at_zone_counters_t, counters_fields)};
 
 const at_record_t *at_layout_common(apr_size_t *n)

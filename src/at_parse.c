@@ -247,6 +247,50 @@ static const char *parse_per_key(apr_pool_t *p, const char *v, at_zone_conf_t *c
     return err;
 }
 
+/* "R/s" or "R/m" (nginx's "Rr/s" too), then ":BURST" if any. */
+static const char *parse_rate(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    const char *slash = strchr(v, '/'), *colon = strchr(v, ':'), *unit;
+    apr_uint64_t n, burst = 0;
+    apr_size_t len;
+
+    if (!slash || (colon && colon < slash)) {
+        return apr_psprintf(p, "'%s' is not a rate: R/s or R/m, with :BURST if any "
+                            "(e.g. rate=10/s or rate=600/m:20)", v);
+    }
+    len = (apr_size_t)(slash - v);
+    if (len > 1 && v[len - 1] == 'r') {
+        len--;
+    }
+    if (at_parse_uint(p, apr_pstrmemdup(p, v, len), 1, AT_RATE_PER_SEC_MAX, &n)) {
+        return apr_psprintf(p, "'%s': the number of requests must be a whole number from "
+                            "1 to %d", v, AT_RATE_PER_SEC_MAX);
+    }
+    unit = apr_pstrmemdup(p, slash + 1, colon ? (apr_size_t)(colon - slash - 1)
+                                              : strlen(slash + 1));
+    if (strcmp(unit, "s") != 0 && strcmp(unit, "m") != 0) {
+        return apr_psprintf(p, "'%s': per '%s'? Rates are per second (/s) or per "
+                            "minute (/m)", v, unit);
+    }
+    if (colon && at_parse_uint(p, colon + 1, 0, AT_RATE_BURST_MAX, &burst)) {
+        return apr_psprintf(p, "'%s': the burst must be a whole number from 0 to %d", v,
+                            AT_RATE_BURST_MAX);
+    }
+    c->rate.interval_ns = (*unit == 's' ? APR_INT64_C(1000000000) : APR_INT64_C(60000000000))
+                          / (apr_int64_t)n;
+    c->rate.burst = (apr_uint32_t)burst;
+    return NULL;
+}
+
+static const char *parse_rate_delay(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    apr_uint64_t n;
+    const char *err = at_parse_uint(p, v, 0, AT_RATE_BURST_MAX, &n);
+
+    c->rate.delay = (apr_uint32_t)n;
+    return err;
+}
+
 static const char *parse_mem(apr_pool_t *p, const char *v, at_zone_conf_t *c)
 {
     return at_parse_size(p, v, 1, AT_MEM_MAX, &c->mem_bytes);
@@ -380,11 +424,14 @@ static const struct {
     {"codel", parse_codel},
     {"per_key", parse_per_key},
     {"order", parse_order},
+    {"rate", parse_rate},
+    {"rate_delay", parse_rate_delay},
 };
 
 #define KEY_LIST                                                                         \
     "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, "           \
-    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key, order"
+    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key, order, " \
+    "rate, rate_delay"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -481,7 +528,8 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
                         .read_body = AT_READ_BODY_DEFAULT,
                         .retry_after_max = AT_RETRY_AFTER_CEILING,
                         .refuse_status = AT_REFUSE_STATUS_DEFAULT,
-                        .client_v6_prefix = AT_CLIENT_V6_PREFIX};
+                        .client_v6_prefix = AT_CLIENT_V6_PREFIX,
+                        .rate = {.delay = AT_RATE_NODELAY}};
     int seen[NKEYS] = {0};
     const char *auto_err;
     int i;
@@ -525,6 +573,14 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     }
     if (seen[key_index("per_client_v6")] && !c.per_client) {
         return "per_client_v6 goes with per_client=N";
+    }
+    if (seen[key_index("rate_delay")] && !c.rate.interval_ns) {
+        return "rate_delay=N holds back requests beyond a rate: give rate=R/s:BURST too";
+    }
+    if (c.rate.delay != AT_RATE_NODELAY && c.rate.delay > c.rate.burst) {
+        return apr_psprintf(p, "rate_delay=%u is more than the burst (%u): only requests "
+                            "within the burst can wait their turn", c.rate.delay,
+                            c.rate.burst);
     }
     if (c.per_client && c.per_key) {
         return "per_client and per_key count in the same table: give one of them "

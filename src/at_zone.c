@@ -342,11 +342,135 @@ static void fill_request_defaults(at_request_t *rq, const at_zone_t *z)
     }
 }
 
+/* rate=: the bucket a request spends from (the zone's, or its key's;
+ * NULL: no rate, or by key and the request has none) and the verdict. */
+typedef struct {
+    apr_int64_t *bucket;
+    at_rate_verdict_t verdict;
+    apr_int64_t ns, now;
+} rate_turn_t;
+
+static void judge_rate(at_zone_t *z, const at_request_t *rq, rate_turn_t *rt)
+{
+    int forgot = 0;
+
+    rt->bucket = NULL;
+    rt->verdict = AT_RATE_PASS;
+    rt->ns = 0;
+    rt->now = at_now_us() * 1000;
+    if (!z->rate_conf.interval_ns) {
+        return;
+    }
+    rt->bucket = z->rate_by_key ? at_rate_bucket(&z->rate, rq->client, rt->now, &forgot)
+                                : &z->rate.tat_ns;
+    z->counters.rate_forgotten += (apr_uint64_t)forgot;
+    if (rt->bucket) {
+        rt->verdict = at_rate_judge(&z->rate_conf, *rt->bucket, rt->now, &rt->ns);
+    }
+}
+
+/* A request that runs or waits spends its share of the rate; one refused
+ * spends nothing. */
+static void spend_rate(at_zone_t *z, rate_turn_t *rt)
+{
+    if (rt->bucket) {
+        at_rate_spend(&z->rate_conf, rt->bucket, rt->now);
+        rt->bucket = NULL;
+    }
+}
+
+/* Lock held; lets it go. Past rate=: the share of the request's client or
+ * key, a slot now, a place in the queue, or a refusal. */
+static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request_t *rq,
+                                  rate_turn_t *rt, mem_read_t *m, at_abort_fn abort_fn,
+                                  void *ctx, apr_int64_t start)
+{
+    apr_int32_t wi;
+    at_result_t r;
+
+    if (client_at_quota(z, rq->client)) {
+        r = z->dry_run ? run_over_cap(z, t, 1) /* the client was over its share */
+                       : z->keyed ? refuse_newcomer(z, rq, AT_REJECTED_KEY,
+                                                    &z->counters.rejected_key, start)
+                                  : refuse_newcomer(z, rq, AT_REJECTED_CLIENT,
+                                                    &z->counters.rejected_client, start);
+        if (z->dry_run) {
+            spend_rate(z, rt);
+        }
+        zone_unlock_after_mem(z, m);
+        return r;
+    }
+    if (can_run_now(z, rq->priority)) {
+        spend_rate(z, rt);
+        grant_now(z, t, at_owner_self(), rq, start);
+        zone_unlock_after_mem(z, m);
+        return AT_ADMITTED;
+    }
+    if (slot_free_for_newcomer(z, rq->priority)) {
+        z->mem.held++; /* only memory stood in the way */
+    }
+    if (z->dry_run) {
+        spend_rate(z, rt);
+        r = run_over_cap(z, t, 0);
+    }
+    else if ((z->queued >= z->queue_cap && !evict_for(z, rq->priority)) ||
+             z->free_waiter == NONE) {
+        r = refuse_newcomer(z, rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
+    }
+    else if (!rq->may_wait) {
+        r = refuse_newcomer(z, rq, AT_REJECTED_WORKERS, &z->counters.rejected_workers,
+                            start);
+    }
+    else if (wait_predicted_too_long(z, rq->priority, rq->timeout_us)) {
+        r = refuse_newcomer(z, rq, AT_REJECTED_PREDICTED,
+                            &z->counters.rejected_predicted, start);
+    }
+    else {
+        spend_rate(z, rt);
+        wi = enqueue(z, t, rq);
+        zone_unlock_after_mem(z, m);
+        return zone_wait_for_slot(z, t, wi, start, rq->timeout_us, abort_fn, ctx);
+    }
+    zone_unlock_after_mem(z, m);
+    return r;
+}
+
+/* Whole seconds, rounded up, at least 1: what Retry-After says. */
+static apr_uint32_t secs_from_ns(apr_int64_t ns)
+{
+    apr_int64_t s = (ns + APR_INT64_C(999999999)) / APR_INT64_C(1000000000);
+
+    return s < 1 ? 1 : s > AT_RETRY_AFTER_MAX ? AT_RETRY_AFTER_MAX : (apr_uint32_t)s;
+}
+
+/* rate_delay=: the request waits its turn without the lock, holding no
+ * slot and no place in the queue; 0 when its turn has come, or
+ * AT_ABORTED if its client left meanwhile. */
+static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_fn abort_fn,
+                                  void *ctx)
+{
+    apr_int64_t now;
+
+    while ((now = at_now_us()) < until_us) {
+        apr_int64_t step = until_us - now < AT_WAIT_SLICE_US ? until_us - now : AT_WAIT_SLICE_US;
+
+        apr_sleep(step);
+        if (abort_fn && abort_fn(ctx)) {
+            if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
+                z->counters.aborted++;
+                zone_unlock(z);
+            }
+            return AT_ABORTED;
+        }
+    }
+    return 0;
+}
+
 static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
                           at_abort_fn abort_fn, void *ctx, apr_int64_t start)
 {
     at_request_t rq = *req;
-    apr_int32_t wi;
+    rate_turn_t rt;
     at_result_t r;
     mem_read_t m;
     int rc;
@@ -368,45 +492,33 @@ static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
             return zone_lock_refusal(z, rc);
         }
     }
-    if (client_at_quota(z, rq.client)) {
-        r = z->dry_run ? run_over_cap(z, t, 1) /* the client was over its share */
-                       : z->keyed ? refuse_newcomer(z, &rq, AT_REJECTED_KEY,
-                                                    &z->counters.rejected_key, start)
-                                  : refuse_newcomer(z, &rq, AT_REJECTED_CLIENT,
-                                                    &z->counters.rejected_client, start);
+    judge_rate(z, &rq, &rt);
+    if (z->dry_run && rt.verdict != AT_RATE_PASS) {
+        /* a dry run never refuses nor delays: it runs now, and is counted */
+        spend_rate(z, &rt);
+        r = run_over_cap(z, t, rt.verdict == AT_RATE_REFUSE);
         zone_unlock_after_mem(z, &m);
         return r;
     }
-    if (can_run_now(z, rq.priority)) {
-        grant_now(z, t, at_owner_self(), &rq, start);
+    if (rt.verdict == AT_RATE_REFUSE
+        || (rt.verdict == AT_RATE_WAIT && rt.ns / 1000 >= rq.timeout_us)) {
+        t->retry_after = secs_from_ns(rt.ns);
+        r = refuse_newcomer(z, &rq, AT_REJECTED_RATE, &z->counters.rejected_rate, start);
         zone_unlock_after_mem(z, &m);
-        return AT_ADMITTED;
+        return r;
     }
-    if (slot_free_for_newcomer(z, rq.priority)) {
-        z->mem.held++; /* only memory stood in the way */
-    }
-    if (z->dry_run) {
-        r = run_over_cap(z, t, 0);
-    }
-    else if ((z->queued >= z->queue_cap && !evict_for(z, rq.priority)) ||
-             z->free_waiter == NONE) {
-        r = refuse_newcomer(z, &rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
-    }
-    else if (!rq.may_wait) {
-        r = refuse_newcomer(z, &rq, AT_REJECTED_WORKERS, &z->counters.rejected_workers,
-                            start);
-    }
-    else if (wait_predicted_too_long(z, rq.priority, rq.timeout_us)) {
-        r = refuse_newcomer(z, &rq, AT_REJECTED_PREDICTED,
-                            &z->counters.rejected_predicted, start);
-    }
-    else {
-        wi = enqueue(z, t, &rq);
+    if (rt.verdict == AT_RATE_WAIT) {
+        spend_rate(z, &rt); /* its turn is taken now */
+        z->counters.rate_delayed++;
         zone_unlock_after_mem(z, &m);
-        return zone_wait_for_slot(z, t, wi, start, rq.timeout_us, abort_fn, ctx);
+        if ((r = wait_rate_turn(z, at_now_us() + rt.ns / 1000, abort_fn, ctx)) != 0) {
+            return r;
+        }
+        if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
+            return zone_lock_refusal(z, rc);
+        }
     }
-    zone_unlock_after_mem(z, &m);
-    return r;
+    return admit_or_queue(z, t, &rq, &rt, &m, abort_fn, ctx, start);
 }
 
 /* The ticket's wait is all the time the request spent here: for the zone's

@@ -130,6 +130,13 @@ struct at_zone {
      * in the parent's memory, the same in every child; the parent clears
      * it before it frees that zone. */
     at_zone_t *predecessor;
+
+    /* rate=: its definition, whether it goes by key (key=), and the
+     * buckets: the zone's, or one per key in a table after the others */
+    at_rate_conf_t rate_conf;
+    apr_uint32_t rate_by_key;
+    apr_uint32_t pad4;
+    at_rate_table_t rate;
 };
 
 static inline at_slot_t *slots(at_zone_t *z)

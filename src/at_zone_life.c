@@ -58,7 +58,9 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
     AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
-    AT_FIELD(at_zone_t, pad3),         AT_FIELD(at_zone_t, predecessor)};
+    AT_FIELD(at_zone_t, pad3),         AT_FIELD(at_zone_t, predecessor),
+    AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
+    AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate)};
 
 static const at_record_t zone_records[] = {
     AT_RECORD(at_zone_t, zone_fields), AT_RECORD(at_slot_t, slot_fields),
@@ -96,11 +98,16 @@ static apr_uint32_t client_entries(apr_uint32_t nslots, apr_uint32_t nwaiters)
     return at_client_entries_for((apr_uint64_t)nslots + waiter_records(nslots, nwaiters));
 }
 
-apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters)
+static apr_size_t size_before_rate(apr_uint32_t nslots, apr_uint32_t nwaiters)
 {
     return ALIGN64(sizeof(at_zone_t)) + ALIGN64(nslots * sizeof(at_slot_t))
            + ALIGN64(waiter_records(nslots, nwaiters) * sizeof(at_waiter_t))
            + ALIGN64(client_entries(nslots, nwaiters) * sizeof(at_client_entry_t));
+}
+
+apr_size_t at_zone_size(apr_uint32_t nslots, apr_uint32_t nwaiters, apr_uint32_t rate_keys)
+{
+    return size_before_rate(nslots, nwaiters) + rate_keys * sizeof(at_rate_entry_t);
 }
 
 /* ---- life cycle ------------------------------------------------------- */
@@ -149,6 +156,8 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->codel.target_us = c->codel_target_us;
     z->order = c->order;
     z->codel.interval_us = c->codel_interval_us;
+    z->rate_conf = c->rate;
+    z->rate_by_key = c->keyed && c->rate.interval_ns;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -156,11 +165,12 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
                           apr_uint32_t nwaiters)
 {
     at_zone_t *z = mem;
+    apr_uint32_t rate_keys = at_rate_keys_for(&c->rate, (int)c->keyed);
     pthread_mutexattr_t attr;
     int rc;
 
     if (nslots < at_conf_highest_limit(c) || nwaiters < c->queue
-        || size < at_zone_size(nslots, nwaiters)) {
+        || size < at_zone_size(nslots, nwaiters, rate_keys)) {
         return APR_EINVAL;
     }
     memset(mem, 0, size);
@@ -174,6 +184,9 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
                          client_entries(nslots, nwaiters),
                          (apr_uint64_t)at_now_us() ^ ((apr_uint64_t)getpid() << 32)
                              ^ (apr_uint64_t)(apr_uintptr_t)mem);
+    at_rate_table_init(&z->rate,
+                       (at_rate_entry_t *)((char *)z + size_before_rate(nslots, nwaiters)),
+                       rate_keys);
     apply_conf(z, c);
     apr_cpystrn(z->name, name, sizeof(z->name));
 
@@ -202,7 +215,8 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 int at_zone_can_hold(const at_zone_t *z, const at_zone_conf_t *c)
 {
     return at_zone_compatible(z) && at_conf_highest_limit(c) <= z->nslots
-           && waiter_records(z->nslots, c->queue) <= z->nwaiters;
+           && waiter_records(z->nslots, c->queue) <= z->nwaiters
+           && at_rate_keys_for(&c->rate, (int)c->keyed) <= z->rate.n;
 }
 
 int at_zone_compatible(const at_zone_t *z)

@@ -182,6 +182,7 @@ static void stats_without_lock(at_zone_t *z, at_zone_stats_t *o)
     o->queue_cap = g.queue_cap;
     o->nslots = z->nslots;
     o->nwaiters = z->nwaiters - z->nslots;
+    o->rate_keys = z->rate.n;
 #define AT_COUNTER_COPY(field, ...) o->counters.field = __atomic_load_n(&z->counters.field, __ATOMIC_RELAXED);
     AT_ZONE_COUNTERS(AT_COUNTER_COPY)
 #undef AT_COUNTER_COPY
@@ -260,6 +261,12 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     }
     o->mem_held = z->mem.held;
     o->mem_read_errors = z->mem.read_errors;
+    o->rate = z->rate_conf;
+    o->rate_by_key = (int)z->rate_by_key;
+    o->rate_keys = z->rate.n;
+    if (z->rate_by_key) {
+        o->rate_keys_in = at_rate_keys_in(&z->rate, now * 1000);
+    }
     zone_unlock(z);
     zone_mem_warn_after_unlock(z, &m);
 }

@@ -230,6 +230,7 @@ static int is_refusal(at_result_t res)
     case AT_REJECTED_STANDING:
     case AT_REJECTED_LOCKED:
     case AT_REJECTED_KEY:
+    case AT_REJECTED_RATE:
         return 1;
     default:
         return 0;
@@ -249,6 +250,7 @@ static const char *result_name(at_result_t res)
     case AT_REJECTED_STANDING: return "rejected-standing";
     case AT_REJECTED_LOCKED: return "rejected-locked";
     case AT_REJECTED_KEY: return "rejected-key";
+    case AT_REJECTED_RATE: return "rejected-rate";
     case AT_ABORTED: return "aborted";
     case AT_DRY_RUN_QUEUED:
     case AT_DRY_RUN_REJECTED: return "dry-run";
@@ -315,7 +317,7 @@ static int handle_redirect(request_rec *r, dir_conf_t *d, req_state_t *st)
     return DECLINED;
 }
 
-/* Who the request counts against: its key= text with per_key (an empty
+/* Who the request counts against: its key= text with per_key or rate= (an empty
  * one, or one that cannot be evaluated, counts against nobody), else the
  * client's address. useragent_addr is the connection's peer unless the
  * administrator has told mod_remoteip which proxies to believe. */
@@ -405,8 +407,11 @@ static int throttle_handler(request_rec *r)
 
     if (is_refusal(res)) {
         st->refused = 1;
+        /* rate=: when the bucket lets one through, exactly */
         apr_table_setn(r->err_headers_out, "Retry-After",
-                       apr_psprintf(r->pool, "%u", at_zone_retry_after(ref->zone)));
+                       apr_psprintf(r->pool, "%u", st->ticket.retry_after
+                                                       ? st->ticket.retry_after
+                                                       : at_zone_retry_after(ref->zone)));
         return (int)ref->conf.refuse_status;
     }
     switch (res) {

@@ -88,15 +88,21 @@ static const char *take_key(cmd_parms *cmd, int argc, char *const argv[],
     return NULL;
 }
 
-static const char *check_key(const at_zone_conf_t *conf, const ap_expr_info_t *key)
+static const char *check_key(at_zone_conf_t *conf, const ap_expr_info_t *key)
 {
     if (conf->per_key && !key) {
         return "per_key=N counts requests per key: name the key with key=EXPR, "
                "e.g. key=%{HTTP:X-Api-Key}";
     }
-    if (key && !conf->per_key) {
-        return "key= names what per_key counts by: give per_key=N too";
+    if (key && !conf->per_key && !conf->rate.interval_ns) {
+        return "key= names what per_key and rate= count by: give per_key=N or "
+               "rate=R/s too";
     }
+    if (key && conf->per_client) {
+        return "per_client counts addresses, and with key= requests count by key: "
+               "for a share per key give per_key=N";
+    }
+    conf->keyed = key != NULL;
     return NULL;
 }
 

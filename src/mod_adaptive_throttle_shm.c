@@ -54,7 +54,8 @@ static segment_t *zone_create(server_rec *s, zone_ref_t *ref)
 {
     apr_uint32_t nslots = with_headroom(at_conf_highest_limit(&ref->conf), 64, AT_LIMIT_MAX);
     apr_uint32_t nwaiters = with_headroom(ref->conf.queue, 256, AT_QUEUE_MAX);
-    apr_size_t size = at_zone_size(nslots, nwaiters);
+    apr_size_t size =
+        at_zone_size(nslots, nwaiters, at_rate_keys_for(&ref->conf.rate, (int)ref->conf.keyed));
     apr_shm_t *shm;
     apr_status_t rv;
     segment_t *seg;

@@ -73,6 +73,11 @@ const field_t at_status_fields[NFIELDS] = {
     {"MemReadingAgeMs", "mem_reading_age_ms", NULL, NULL, GAUGE, NULL, IF_MEM},
     {"HeldForMemory", "held_for_memory", "held_for_memory_total", NULL, COUNTER, "Requests that waited though a slot was free, for memory (mem=).", IF_MEM},
     {"MemReadErrors", "mem_read_errors", "mem_read_errors_total", NULL, COUNTER, "Readings of the available memory that failed (mem= is then not enforced).", IF_MEM},
+    {"Rate", "rate", "rate_per_second", NULL, GAUGE, "Requests per second the zone (or each key) may start (rate=); 0: no rate.", ALWAYS},
+    {"RateBurst", "rate_burst", "rate_burst", NULL, GAUGE, "Requests that may run ahead of the rate (rate=R/s:BURST).", IF_RATE},
+    {"RateDelay", "rate_delay", NULL, NULL, GAUGE, NULL, IF_RATE},
+    {"RateByKey", "rate_by_key", NULL, NULL, GAUGE, NULL, IF_RATE},
+    {"RateKeys", "rate_keys", "rate_keys", NULL, GAUGE, "Keys whose rate= bucket is not empty (rate= with key=).", IF_RATE},
 #define F_COUNTER_ROW(field, key, json, prom, label, help) \
     {key, json, prom, label, COUNTER, help, ALWAYS},
     AT_ZONE_COUNTERS(F_COUNTER_ROW)
@@ -133,6 +138,12 @@ static void fill_values(zone_view_t *z)
     v[F_MEM_AGE] = ms(s->mem_read_age_us);
     v[F_MEM_HELD] = (double)s->mem_held;
     v[F_MEM_ERRORS] = (double)s->mem_read_errors;
+    v[F_RATE] = s->rate.interval_ns ? 1e9 / (double)s->rate.interval_ns : 0;
+    v[F_RATE_BURST] = s->rate.burst;
+    /* no rate_delay=: every request of the burst runs at once, as nginx's nodelay */
+    v[F_RATE_DELAY] = s->rate.delay == AT_RATE_NODELAY ? s->rate.burst : s->rate.delay;
+    v[F_RATE_BY_KEY] = s->rate_by_key;
+    v[F_RATE_KEYS] = s->rate_keys_in;
 #define F_COUNTER_VALUE(field, ...) v[F_##field] = (double)s->counters.field;
     AT_ZONE_COUNTERS(F_COUNTER_VALUE)
 #undef F_COUNTER_VALUE
@@ -188,6 +199,7 @@ static int field_shown(const zone_view_t *z, int f)
     case IF_AUTO: return z->s.limit_auto;
     case IF_MEM: return z->s.mem_bytes > 0;
     case IF_CODEL: return z->s.codel_target_us > 0;
+    case IF_RATE: return z->s.rate.interval_ns > 0;
     default: return 1;
     }
 }

@@ -557,7 +557,7 @@ static void test_reconfigure_keeps_state(void **state)
 {
     at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 5000 * MS,
                         .retry_after = AT_RETRY_AFTER_AUTO};
-    apr_size_t size = at_zone_size(4, 8);
+    apr_size_t size = at_zone_size(4, 8, 0);
     at_zone_t *z = mmap(NULL, size, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     at_ticket_t hold;

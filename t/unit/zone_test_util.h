@@ -39,7 +39,7 @@ static inline at_result_t at_zone_acquire(at_zone_t *z, at_ticket_t *t, at_abort
 static inline at_zone_t *zone_new_conf(const at_zone_conf_t *c)
 {
     apr_uint32_t nslots = at_conf_highest_limit(c) * 2 + 4, nwaiters = c->queue * 2 + 4;
-    apr_size_t size = at_zone_size(nslots, nwaiters);
+    apr_size_t size = at_zone_size(nslots, nwaiters, at_rate_keys_for(&c->rate, (int)c->keyed));
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 
@@ -64,7 +64,7 @@ static inline void zone_free(at_zone_t *z)
     at_zone_stats_t s;
 
     at_zone_stats(z, &s);
-    munmap(z, at_zone_size(s.nslots, s.nwaiters));
+    munmap(z, at_zone_size(s.nslots, s.nwaiters, s.rate_keys));
 }
 
 static inline at_zone_stats_t stats_of(at_zone_t *z)
