@@ -92,3 +92,32 @@ bench_cgi_dir() {
     Require all granted
 </Directory>"
 }
+
+# DokuWiki from Debian's archive, and a page of it rendered on every request
+# (the ~~NOCACHE~~ macro, as dynamic pages use it): the syntax manual eight
+# times over, with its RSS and external-image examples taken out so that
+# nothing is fetched from outside this machine. Sets dokuwiki_page (the
+# path to ask for, under Alias /dokuwiki /usr/share/dokuwiki). As root.
+bench_dokuwiki() {
+    local conf_was pages
+    # Its "php" dependency is already met by php8.2-fpm (scripts/setup),
+    # so apt does not pull in mod_php; its postinst enables dokuwiki.conf
+    # in the system apache2, which the benchmarks do not use: switched off
+    # again if it was off before.
+    if ! dpkg-query -W -f='${Status}' dokuwiki 2>/dev/null | grep -q "ok installed"; then
+        conf_was=$(ls /etc/apache2/conf-enabled/dokuwiki.conf 2>/dev/null || true)
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            dokuwiki php8.2-xml >/dev/null
+        rm -f /usr/sbin/policy-rc.d
+        [ -n "$conf_was" ] || a2disconf -q dokuwiki >/dev/null 2>&1 || true
+    fi
+    pages=/var/lib/dokuwiki/data/pages
+    mkdir -p "$pages/bench"
+    {
+        echo '~~NOCACHE~~'
+        for _ in 1 2 3 4 5 6 7 8; do grep -v -E '\{\{rss>|\{\{https?:' "$pages/wiki/syntax.txt"; done
+    } > "$pages/bench/heavy.txt"
+    chown -R www-data:www-data "$pages/bench"
+    dokuwiki_page=/dokuwiki/doku.php?id=bench:heavy
+}
