@@ -121,3 +121,44 @@ bench_dokuwiki() {
     chown -R www-data:www-data "$pages/bench"
     dokuwiki_page=/dokuwiki/doku.php?id=bench:heavy
 }
+
+# A child of our own memory cgroup (v1 or v2) of 1 GiB, no swap, named
+# at-NAME-PID: sets cg, memf (its memory in use), cgversion, and defines
+# oom_kills (kills in it so far). As root. The caller removes it (rmdir).
+bench_memory_cgroup() {
+    local own_v1 own_v2
+    own_v1=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+    own_v2=$(awk -F: '$1 == "0" && $2 == "" {print $3}' /proc/self/cgroup)
+    if [ -n "$own_v1" ] && [ -d "/sys/fs/cgroup/memory$own_v1" ]; then
+        cg="/sys/fs/cgroup/memory${own_v1%/}/at-$1-$$"
+        mkdir "$cg"
+        echo $((1 << 30)) > "$cg/memory.limit_in_bytes"
+        [ -f "$cg/memory.memsw.limit_in_bytes" ] && echo $((1 << 30)) > "$cg/memory.memsw.limit_in_bytes"
+        echo 0 > "$cg/memory.swappiness" 2>/dev/null || true
+        oom_kills() { awk '$1 == "oom_kill" {print $2}' "$cg/memory.oom_control"; }
+        memf=$cg/memory.usage_in_bytes
+        cgversion=v1
+    else
+        cg="/sys/fs/cgroup${own_v2%/}/at-$1-$$"
+        mkdir "$cg"
+        echo $((1 << 30)) > "$cg/memory.max"
+        echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+        oom_kills() { awk '$1 == "oom_kill" {print $2}' "$cg/memory.events"; }
+        memf=$cg/memory.current
+        cgversion=v2
+    fi
+}
+
+# Stops whatever of ours is left in the cgroup (the OOM killer may have
+# taken httpd's parent): TERM to the parent, then KILL to the rest, by pid.
+bench_cgroup_stop() {
+    local pid
+    pid=$(cat "$bench_dir/httpd.pid" 2>/dev/null || true)
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || true
+    # (cgroupfs files have no size: read them)
+    for _ in $(seq 100); do [ -n "$(cat "$cg/cgroup.procs")" ] || break; sleep 0.1; done
+    for pid in $(cat "$cg/cgroup.procs"); do kill -KILL "$pid" 2>/dev/null || true; done
+    # a process reclaiming memory dies when it comes back from it
+    for _ in $(seq 300); do [ -n "$(cat "$cg/cgroup.procs")" ] || break; sleep 0.1; done
+    rm -f "$bench_dir/httpd.pid"
+}
