@@ -71,6 +71,8 @@ typedef struct {
     double baseline_us;    /* service time at the held level */
     double recent_us;      /* service time of the last judged window */
     apr_uint64_t changes;  /* times round(limit) changed */
+    double shed_from;      /* the level before the last shed, until the
+                              step after it is judged; 0: none */
 } at_limit_t;
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,

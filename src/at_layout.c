@@ -97,7 +97,8 @@ static const at_field_t limit_fields[] = {
     AT_FIELD(at_limit_t, last_x),   AT_FIELD(at_limit_t, last_c),
     AT_FIELD(at_limit_t, ref_n),    AT_FIELD(at_limit_t, pad),
     AT_FIELD(at_limit_t, baseline_us),
-    AT_FIELD(at_limit_t, recent_us), AT_FIELD(at_limit_t, changes)};
+    AT_FIELD(at_limit_t, recent_us), AT_FIELD(at_limit_t, changes),
+    AT_FIELD(at_limit_t, shed_from)};
 
 static const at_field_t sensor_fields[] = {
     AT_FIELD(at_sensor_t, start_us),      AT_FIELD(at_sensor_t, last_us),

@@ -353,6 +353,8 @@ static void shed(at_limit_t *c, double share, double x, double conc)
     int above;
 
     if (c->limit > floor) {
+        /* a shed after a shed not yet judged is judged from the first */
+        c->shed_from = c->shed_from > c->limit ? c->shed_from : c->limit;
         step_by(c, -1, share);
         c->limit = c->limit < floor ? floor : c->limit;
     }
@@ -423,16 +425,19 @@ static int look_again_if_changed(at_limit_t *c, const at_window_t *w, double x,
     return 1;
 }
 
-/* Across a step down, work that waits keeps its service time, work that
- * computes shortens it in proportion: nearer the first, fewer running
- * lose throughput because the work waits, and more may pay. Below the
+/* Across a step, work that waits keeps its service time, work that
+ * computes changes it in proportion: nearer the first, throughput moves
+ * with the requests running because the work waits. Below the
  * cores work that computes keeps its service time too (each request still
  * has a core to itself), so there it cannot be told. */
 static int looks_waiting(const at_limit_t *c, double x, double conc)
 {
-    double before = c->last_c / c->last_x, now = conc / x;
+    double before = c->last_c / c->last_x, now = conc / x, mid = (1 + conc / c->last_c) / 2;
 
-    return !under_cores(c, conc) && now > before * (1 + conc / c->last_c) / 2;
+    if (under_cores(c, conc)) {
+        return 0;
+    }
+    return conc < c->last_c ? now > before * mid : now < before * mid;
 }
 
 /* Whether the held level is above the cores the controller was told of.
@@ -466,12 +471,33 @@ static int gained_on_long_step_up(const at_limit_t *c, double x)
     return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
+/* The step after a shed moved throughput with the requests running, each
+ * taking about as long (the work waits): down, it lost throughput; up
+ * (from the cores, where a shed stops), it gained. Fewer running relieved
+ * nothing, so what made the limit shed was not heavier work that more
+ * requests at once slow further, but a service time grown by something
+ * else: the CPU taken by refusals to clients that ask again at once,
+ * another program. Back to the level before the shed; its service time
+ * and reference are measured anew, and it is held. */
+static void undo_shed(at_limit_t *c, double from)
+{
+    c->limit = c->settled = clamp(c, from);
+    c->mode = AT_MODE_HOLD;
+    c->dir = 0;
+    c->run = 0;
+    c->hold = AT_LIMIT_HOLD;
+    c->next_probe = +1; /* the work waits: more may pay */
+    c->last_x = 0;
+    c->ref_n = 0;
+    c->baseline_us = 0;
+}
+
 /* STEP, PROBE, BETWEEN: the window judges the step under test.
  * The rules are those of docs/adaptive-limit.md's table, in its order. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
     int paid, waiting, overshot, was_down = c->dir < 0;
-    double failed;
+    double failed, shed_from = 0;
 
     if (look_again_if_changed(c, w, x, conc)) {
         /* The service time moved more than the step explains: the window
@@ -480,6 +506,14 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     }
     paid = step_paid(c, x, conc, w->service_rse);
     waiting = looks_waiting(c, x, conc);
+    if (paid != 1 || !needs_confirming(c, x, conc)) {
+        shed_from = c->shed_from; /* this step judges the shed before it, if any */
+        c->shed_from = 0;
+    }
+    if (rounded(shed_from) > rounded(c->limit) && waiting && paid == (was_down ? 0 : 1)) {
+        undo_shed(c, shed_from);
+        return;
+    }
     if (paid == 1 && needs_confirming(c, x, conc)) {
         /* A step paid but is not yet confirmed: same level, same
          * reference, the next window judges it again. */
@@ -611,6 +645,7 @@ static void under_demand(at_limit_t *c, const at_window_t *w)
     c->run = 0;
     c->last_x = 0;
     c->ref_n = 0;
+    c->shed_from = 0;
     if (c->baseline_us <= 0) {
         c->baseline_us = w->service_us;
     }

@@ -350,6 +350,56 @@ static void test_recovers_after_a_spike(void **state)
     assert_true(share(ok, "after a spike: back at 64 by window 40") >= MOST);
 }
 
+/* Work that waits, and slows as fewer of its clients get in: those turned
+ * away ask again at once, and answering them takes the CPU the requests
+ * need (compose's eager clients). Each request takes S0 x (1 + k x the
+ * share of the demand turned away). */
+static at_window_t turned_away_slow(workload_t *wl, apr_uint32_t limit, double k)
+{
+    double conc = limit < wl->demand ? limit : wl->demand;
+    double t = S0_US * wl->slowdown * (1 + k * (wl->demand - conc) / wl->demand);
+
+    return window_of(wl, limit, conc, t * jitter(wl));
+}
+
+/* That work slows by 1.6 x for good (more clients turned away): the limit
+ * sheds, but the step down after the shed finds that fewer running
+ * relieved nothing (each request took as long, and throughput fell with
+ * them): back at max within 3 windows of the shed, not after a climb. */
+static void test_undoes_a_shed_that_relieved_nothing(void **state)
+{
+    int ok[SEEDS];
+    (void)state;
+
+    for (int s = 0; s < SEEDS; s++) {
+        workload_t wl = waiting(2100 + s);
+        at_limit_t c;
+        int shed_at = -1, back = -1;
+
+        wl.demand = 150;
+        at_limit_init(&c, 61, 1, 61);
+        at_limit_set_cores(&c, 2);
+        for (int i = 0; i < 10; i++) {
+            at_window_t w = turned_away_slow(&wl, at_limit_value(&c), 2.5);
+            at_limit_update(&c, &w);
+        }
+        wl.slowdown = 1.6;
+        for (int i = 0; i < SETTLE && back < 0; i++) {
+            at_window_t w = turned_away_slow(&wl, at_limit_value(&c), 2.5);
+            at_limit_update(&c, &w);
+            if (shed_at < 0 && at_limit_value(&c) < 61) {
+                shed_at = i;
+            }
+            else if (shed_at >= 0 && at_limit_value(&c) == 61) {
+                back = i - shed_at;
+            }
+        }
+        ok[s] = shed_at < 0 || (back >= 0 && back <= 3);
+    }
+    assert_true(share(ok, "slowed by clients turned away: a shed undone within 3 windows") >=
+                MOST);
+}
+
 /* LimitHeld: while a step is under test the limit runs a step away and
  * the held level is the one it left; a probe that does not pay comes back
  * to it. Over 200 CPU-bound windows on 4 cores the held level is the
@@ -534,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_follows_a_switch),
         cmocka_unit_test(test_sheds_after_climbing_past_demand),
         cmocka_unit_test(test_recovers_after_a_spike),
+        cmocka_unit_test(test_undoes_a_shed_that_relieved_nothing),
         cmocka_unit_test(test_noisy_windows_do_not_creep),
         cmocka_unit_test(test_held_level_is_where_probes_return),
         cmocka_unit_test(test_one_outlier_one_step_at_most),
