@@ -6,86 +6,12 @@
  * second of service), not by latency against a remembered baseline, which
  * has to be measured at low concurrency: pinning the limit down to get one
  * is what makes other controllers refuse requests while they re-measure.
+ * What a window shows is read in at_limit_window.c; the tunables are in
+ * at_limit_impl.h.
  */
-#include "at_limit.h"
+#include "at_limit_impl.h"
 
-#include <math.h>
 #include <string.h>
-
-/*
- * Tunables, each with what it trades and, in brackets, the evidence
- * (t/unit/test_limit.c's simulations, or S4: docs/benchmarks/s4.md).
- * Window length and sample counts: at_limit.h; window bounds: at_tuning.h.
- *
- * WORTH_UP 0.15        a step up pays if throughput grows by this share of
- *                      its change in concurrency: higher stops climbs early
- *                      on bending curves [S4's sleeping CGI pays 0.2 from 32
- *                      to 64; at 0.2 the limit stopped at 31 - 38]
- * DOWN_LEAST, DOWN_MOST 0.1, 0.2  what a step down may cost and still pass,
- *                      by the noise of the comparison: more lets a limit
- *                      walk down a flat top [at 0.2 throughout: 64 -> 31 in S4]
- * NOISE_SES 1          standard errors of the comparison added to each
- *                      threshold: more costs a knee throughput [1.5: -10 %,
- *                      1: -4 %, and no creep]
- * KNEE_SHARE 0.5       a step up paying less than this share reached the knee:
- *                      the steps stop growing [S4: 17 -> 31 paid 0.75, 31 -> 57 0.19]
- * CORES_HOLD 9         windows held after a step below the cores failed: each
- *                      such window costs CPU-bound work a core's share
- * MIN_REL_CHANGE 0.02  smaller changes of concurrency cannot be judged
- * CONFIRMATIONS 2      more windows a probe at the top must pass before the
- *                      held level moves: fewer let the held level wander a
- *                      flat top [simulated switch, off after 10 s: 160 of
- *                      500 judged by one window, 73 by two]
- * REF_WINDOWS 4        windows at the settled level pooled as a reference:
- *                      one alone doubles the noise of the comparison
- * STEP_FIRST 0.2, STEP_DOUBLINGS 2  steps of a run: 20, 40, 80 % (at least 1)
- * WORK_CHANGED 1.5     a service time this many times longer or shorter than
- *                      concurrency explains: the work itself changed (with
- *                      nobody waiting, longer than the held level's: shed)
- * SHED_LEAST, SHED_MOST 0.2, 0.8  the share one shed may take off the limit
- * SHED_DOUBT_SES 2     a shed reads the growth of the service time this many
- *                      standard errors low: one huge request counts for little
- * REF_RESTART_SES 3    a window this many standard errors off the pooled
- *                      reference starts a new pool: the work is drifting
- * RSE_FLOOR 0.02       the least relative error a window is taken to have
- * BASELINE_WEIGHT 0.25 a held level's service time follows each window by this
- * TOP_WINDOWS 2        windows are this many times longer once the climb found
- *                      the knee: steps there move throughput 2 - 3 %, windows
- *                      of 2 service times differ by 4 - 6 % [S4 at 41 - 64]
- * SAMPLE_TOLERANCE 0.1 a window with few completions is judged once its mean is
- *                      known to this share of the smallest step
- */
-#define WORTH_UP 0.15
-#define DOWN_LEAST 0.1
-#define DOWN_MOST 0.2
-#define NOISE_SES 1.0
-#define KNEE_SHARE 0.5
-#define CORES_HOLD (3 * AT_LIMIT_HOLD)
-#define MIN_REL_CHANGE 0.02
-#define CONFIRMATIONS 2
-#define REF_WINDOWS 4
-#define STEP_FIRST 0.2
-#define STEP_DOUBLINGS 2
-#define WORK_CHANGED 1.5
-#define SHED_LEAST 0.2
-#define SHED_MOST 0.8
-#define SHED_DOUBT_SES 2
-#define REF_RESTART_SES 3
-#define RSE_FLOOR 0.02
-#define BASELINE_WEIGHT 0.25
-#define TOP_WINDOWS 2
-#define SAMPLE_TOLERANCE 0.1
-
-static double clamp(const at_limit_t *c, double v)
-{
-    return v < c->min ? c->min : v > c->max ? c->max : v;
-}
-
-/* The number of requests a level runs. */
-static double rounded(double v)
-{
-    return floor(v + 0.5);
-}
 
 void at_limit_init(at_limit_t *c, apr_uint32_t start, apr_uint32_t min,
                    apr_uint32_t max)
@@ -158,19 +84,6 @@ static void take_step(at_limit_t *c, int dir)
     step_by(c, dir, STEP_FIRST * (double)(1u << doublings));
 }
 
-/* Whether a level runs fewer requests than the cores the work can use. */
-static int under_cores(const at_limit_t *c, double level)
-{
-    return rounded(level) < c->cores;
-}
-
-/* Whether the step under test was one of 40 or 80 %: steps grew to it
- * because the ones before paid. */
-static int step_was_long(const at_limit_t *c)
-{
-    return c->run > 1;
-}
-
 /* The step under test did not pay: back to the held level, stay there a
  * while, then try the other way. A long step (40 or 80 %) that failed
  * after steps that paid overshot: the best level lies between, so the
@@ -209,63 +122,6 @@ static int probe_between(at_limit_t *c, double other, at_limit_mode_t mode)
     c->limit = mid;
     c->run = 0;
     return 1;
-}
-
-/* Whether the step up just judged paid so little of its change in
- * concurrency that it reached the knee: KNEE_SHARE. */
-static int near_knee(const at_limit_t *c, double x, double conc)
-{
-    double rel_c = conc / c->last_c - 1;
-
-    return c->dir > 0 && rel_c > 0 && (x / c->last_x - 1) < KNEE_SHARE * rel_c;
-}
-
-/* How much throughput a step down of rel_c may cost, judged with this
- * noise: see DOWN_MOST. */
-static double down_allowance(double rel_c, double noise)
-{
-    double most = DOWN_MOST * fabs(rel_c), least = DOWN_LEAST * fabs(rel_c);
-
-    return noise < least ? least : noise > most ? most : noise;
-}
-
-/* Whether the step under test paid: up, throughput rose with concurrency
- * by more than WORTH_UP of it plus the noise of the comparison; down, it
- * did not fall by more than down_allowance() plus that noise. The doubt
- * goes to the lower limit both ways, or noise alone makes a limit creep.
- * -1: cannot tell. */
-static int step_paid(const at_limit_t *c, double x, double conc, double rse)
-{
-    double rel_c = conc / c->last_c - 1, rel_x = x / c->last_x - 1;
-    double noise = NOISE_SES * rse * sqrt(1 + 1.0 / (c->ref_n ? c->ref_n : 1));
-
-    if (fabs(rel_c) < MIN_REL_CHANGE || (rel_c > 0) != (c->dir > 0)) {
-        return -1;
-    }
-    if (c->dir > 0) {
-        return rel_x - noise >= WORTH_UP * rel_c;
-    }
-    return rel_x + noise > -down_allowance(rel_c, noise);
-}
-
-/* At the same level, a service time half as long again or two thirds as
- * long as the level's usual one means the work itself changed. */
-static int service_changed(double before_us, double now_us)
-{
-    return before_us > 0
-           && (now_us > WORK_CHANGED * before_us || WORK_CHANGED * now_us < before_us);
-}
-
-/* Across a step, concurrency alone moves the service time between
- * unchanged (the work waits) and in proportion (it computes): outside that
- * range by half again, the work changed under the step. */
-static int work_changed_under_step(const at_limit_t *c, double x, double conc)
-{
-    double ratio = conc / c->last_c;
-    double before = c->last_c / c->last_x, now = conc / x;
-
-    return now > WORK_CHANGED * before * (ratio > 1 ? ratio : 1)
-           || WORK_CHANGED * now < before * (ratio < 1 ? ratio : 1);
 }
 
 /* The reference for the next step: this window alone. */
@@ -309,19 +165,6 @@ static void probe(at_limit_t *c, int dir)
         c->run = 0;
     }
     take_step(c, dir);
-}
-
-/* Each request now takes r times as long at the same level: if it is the
- * bottleneck's work that grew, about 1 / r of the level keeps it as busy,
- * so the first step down sheds 1 - 1/r of the limit (20 - 80 %) instead of
- * 20 %. r is taken at the low end of what the window can tell (two
- * standard errors), so that one huge request among few counts for little. */
-static double share_to_shed(double before_us, double service_us, double rse)
-{
-    double r = service_us / before_us * (1 - SHED_DOUBT_SES * rse);
-    double share = r > 1 ? 1 - 1 / r : 0;
-
-    return share < SHED_LEAST ? SHED_LEAST : share > SHED_MOST ? SHED_MOST : share;
 }
 
 /* How far a shed may go at once: the cores. Work that computes keeps
@@ -389,7 +232,7 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
     forget_the_top(c);
     if (w->service_us > before_us && c->limit > c->min) {
         /* the work grew heavier: shed */
-        shed(c, share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
+        shed(c, limit_share_to_shed(before_us, w->service_us, w->service_rse), x, conc);
         return;
     }
     /* the work grew lighter: step, from this window as the reference */
@@ -418,57 +261,11 @@ static void look_again(at_limit_t *c, double before_us, const at_window_t *w, do
 static int look_again_if_changed(at_limit_t *c, const at_window_t *w, double x,
                                  double conc)
 {
-    if (!work_changed_under_step(c, x, conc)) {
+    if (!limit_work_changed_under_step(c, x, conc)) {
         return 0;
     }
     look_again(c, c->last_c / c->last_x * 1e6, w, x, conc);
     return 1;
-}
-
-/* Across a step, work that waits keeps its service time, work that
- * computes changes it in proportion: nearer the first, throughput moves
- * with the requests running because the work waits. Below the
- * cores work that computes keeps its service time too (each request still
- * has a core to itself), so there it cannot be told. */
-static int looks_waiting(const at_limit_t *c, double x, double conc)
-{
-    double before = c->last_c / c->last_x, now = conc / x, mid = (1 + conc / c->last_c) / 2;
-
-    if (under_cores(c, conc)) {
-        return 0;
-    }
-    return conc < c->last_c ? now > before * mid : now < before * mid;
-}
-
-/* Whether the held level is above the cores the controller was told of.
- * At or below them, and when they are not known, the doubt goes to the
- * lower limit and a step down passes at its first window: there it may be
- * work that computes finding its cores, and unconfirmed steps down are
- * what keeps noisy CPU-bound windows from creeping up. */
-static int above_cores(const at_limit_t *c)
-{
-    return c->cores && rounded(c->settled) > c->cores;
-}
-
-/* Whether a probe that passed must pass more windows before the held
- * level moves to it (CONFIRMATIONS): one out of a hold once the climb has
- * found the knee, where a step's effect is within the windows' spread,
- * unless it is a step up that paid at least KNEE_SHARE (the work changed
- * under the hold); and the level between the climb's last two steps. */
-static int needs_confirming(const at_limit_t *c, double x, double conc)
-{
-    return (c->mode == AT_MODE_PROBE || c->mode == AT_MODE_BETWEEN) && c->top
-           && c->passes < CONFIRMATIONS
-           && (c->dir < 0 ? above_cores(c) : near_knee(c, x, conc));
-}
-
-/* Whether a long step up of the climb (40 or 80 %) that did not pay
- * gained some throughput: its first window may see the slow start of the
- * many requests it let in at once (CGIs forking together), and the best
- * level is more likely between than below. */
-static int gained_on_long_step_up(const at_limit_t *c, double x)
-{
-    return c->mode == AT_MODE_STEP && c->dir > 0 && step_was_long(c) && x > c->last_x;
 }
 
 /* The step after a shed moved throughput with the requests running, each
@@ -504,9 +301,9 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
          * before the step measured other work and cannot judge it. */
         return;
     }
-    paid = step_paid(c, x, conc, w->service_rse);
-    waiting = looks_waiting(c, x, conc);
-    if (paid != 1 || !needs_confirming(c, x, conc)) {
+    paid = limit_step_paid(c, x, conc, w->service_rse);
+    waiting = limit_looks_waiting(c, x, conc);
+    if (paid != 1 || !limit_needs_confirming(c, x, conc)) {
         shed_from = c->shed_from; /* this step judges the shed before it, if any */
         c->shed_from = 0;
     }
@@ -514,13 +311,13 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         undo_shed(c, shed_from);
         return;
     }
-    if (paid == 1 && needs_confirming(c, x, conc)) {
+    if (paid == 1 && limit_needs_confirming(c, x, conc)) {
         /* A step paid but is not yet confirmed: same level, same
          * reference, the next window judges it again. */
         c->passes++;
         return;
     }
-    if (paid == 0 && gained_on_long_step_up(c, x)
+    if (paid == 0 && limit_gained_on_long_step_up(c, x)
         && probe_between(c, c->limit, AT_MODE_STEP)) {
         /* A long step up failed but gained: judged against the held
          * level's reference, which the failed step left as it was. */
@@ -529,7 +326,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     c->passes = 0;
     if (paid == 1) {
         double below = c->last_c;
-        int knee = near_knee(c, x, conc), long_step = step_was_long(c);
+        int knee = limit_near_knee(c, x, conc), long_step = step_was_long(c);
 
         /* The new level's own service time: a climb from 3 to 64 takes
          * the service time of a CGI that waits from 200 to 400 ms, which
@@ -581,7 +378,7 @@ static void hold_window(at_limit_t *c, double x, double conc, const at_window_t 
     double service_us = w->service_us;
     int new_pool;
 
-    if (service_changed(c->baseline_us, service_us)) {
+    if (limit_service_changed(c->baseline_us, service_us)) {
         look_again(c, c->baseline_us, w, x, conc); /* the work changed while held */
         return;
     }
@@ -619,18 +416,6 @@ static void shed_window(at_limit_t *c, double x, double conc, const at_window_t 
     hold_window(c, x, conc, w);
 }
 
-/* Whether a window in which nobody waited still shows requests slowing
- * each other: each took WORK_CHANGED times as long as at the held level,
- * with more of them running than the cores. The work grew heavier, or more
- * of it came, and a limit above what runs would let all of it in: after
- * waiting work climbed past its demand and turned to computing, say. */
-static int slowed_under_the_limit(const at_limit_t *c, const at_window_t *w,
-                                  double conc)
-{
-    return c->baseline_us > 0 && rounded(conc) > c->cores
-           && w->service_us > WORK_CHANGED * c->baseline_us;
-}
-
 /* Nobody waited. Demand stayed under the limit: nobody waited, so the level is
  * good enough, and the window says nothing about another one. The limit
  * never grows here, however fast requests are served. The service time
@@ -652,28 +437,6 @@ static void under_demand(at_limit_t *c, const at_window_t *w)
     forget_the_top(c);
 }
 
-int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
-                            double sumsq_us)
-{
-    /* a share of the smallest step: 20 % of the limit, or 1 */
-    double tolerance = SAMPLE_TOLERANCE / at_limit_value(c);
-    double mean, var;
-
-    if (n >= AT_LIMIT_MIN_SAMPLES) {
-        return 1;
-    }
-    if (n < AT_LIMIT_FEW_SAMPLES || sum_us <= 0) {
-        return 0;
-    }
-    mean = sum_us / n;
-    var = (sumsq_us - sum_us * mean) / (n - 1);
-    /* var < 0 only by rounding, when all took the same time */
-    if (tolerance < RSE_FLOOR) {
-        tolerance = RSE_FLOOR;
-    }
-    return var <= 0 || sqrt(var / n) <= tolerance * mean;
-}
-
 int at_limit_update(at_limit_t *c, const at_window_t *w)
 {
     apr_uint32_t before = at_limit_value(c);
@@ -688,7 +451,7 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     x = w->inflight * 1e6 / w->service_us;
     conc = w->inflight;
     c->recent_us = w->service_us;
-    if (w->limited < 0.5 && slowed_under_the_limit(c, w, conc)) {
+    if (w->limited < 0.5 && limit_slowed_under_the_limit(c, w, conc)) {
         /* Nobody waited, yet the service time grew with more running than
          * the cores: the level that ran is the one to shed from. */
         c->limit = clamp(c, ceil(conc));
@@ -718,3 +481,4 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     }
     return 0;
 }
+

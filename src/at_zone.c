@@ -356,11 +356,11 @@ static void judge_rate(at_zone_t *z, const at_request_t *rq, rate_turn_t *rt)
 
     rt->bucket = NULL;
     rt->verdict = AT_RATE_PASS;
-    rt->ns = 0;
-    rt->now = at_now_us() * 1000;
+    rt->ns = rt->now = 0;
     if (!z->rate_conf.interval_ns) {
-        return;
+        return; /* no rate: no clock read on the way in */
     }
+    rt->now = at_now_us() * 1000;
     rt->bucket = z->rate_by_key ? at_rate_bucket(&z->rate, rq->client, rt->now, &forgot)
                                 : &z->rate.tat_ns;
     z->counters.rate_forgotten += (apr_uint64_t)forgot;
