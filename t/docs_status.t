@@ -12,7 +12,11 @@ use lib 't/lib';
 use ThrottleT;
 
 my $doc = Apache::Test::vars('serverroot') . '/../docs-copy/docs/status.md';
-plan tests => 3, need { 'run by t/run-apache-tests (needs the docs copy)' => -f $doc };
+plan tests => 4, need { 'run by t/run-apache-tests (needs the docs copy)' => -f $doc };
+
+# a reference an administrator reads through, not a dump: at most 12 KB
+my $size = -s $doc;
+ok t_cmp($size <= 12 * 1024 ? 1 : 0, 1, "docs/status.md is $size bytes, at most 12 KB");
 
 open my $fh, '<', $doc or die "$doc: $!";
 my $text = do { local $/; <$fh> };
