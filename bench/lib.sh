@@ -122,6 +122,51 @@ bench_dokuwiki() {
     dokuwiki_page=/dokuwiki/doku.php?id=bench:heavy
 }
 
+# WordPress from Debian's archive on a private MariaDB in DIR (its data in
+# DIR/mysql, its socket in DIR/run, no network, on core 1 beside httpd),
+# configured as /etc/wordpress/config-s9-bench.php (httpd: SetEnv
+# WORDPRESS_CONFIG s9-bench), with S9's heavy post (bench/s9-wordpress.php).
+# Sets wordpress_page (under Alias /wordpress /usr/share/wordpress) and
+# mariadb_pid; the caller stops the server (bench_mariadb_stop). As root.
+bench_wordpress() {
+    local dir=$1 id
+    if ! dpkg-query -W -f='${Status}' wordpress 2>/dev/null | grep -q "ok installed" ||
+       ! command -v mariadbd >/dev/null; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            wordpress wordpress-theme-twentytwentythree mariadb-server php8.2-mysql >/dev/null
+        rm -f /usr/sbin/policy-rc.d
+    fi
+    mkdir -p "$dir/run"; chown mysql "$dir/run"; chmod 755 "$dir"
+    if [ ! -d "$dir/mysql/mysql" ]; then
+        mariadb-install-db --no-defaults --user=mysql --datadir="$dir/mysql" \
+            --auth-root-authentication-method=socket >"$dir/install.log" 2>&1
+    fi
+    taskset -c 1 mariadbd --no-defaults --user=mysql --datadir="$dir/mysql" \
+        --socket="$dir/run/mysql.sock" --pid-file="$dir/run/mysql.pid" --skip-networking \
+        --log-error="$dir/run/mysql.err" --max-connections=400 >/dev/null 2>&1 &
+    mariadb_pid=$!
+    for _ in $(seq 300); do [ -S "$dir/run/mysql.sock" ] && break; sleep 0.1; done
+    mariadb -S "$dir/run/mysql.sock" -u root -e "CREATE DATABASE IF NOT EXISTS s9;
+        CREATE USER IF NOT EXISTS 's9'@'localhost' IDENTIFIED BY 's9';
+        GRANT ALL ON s9.* TO 's9'@'localhost';"
+    printf '%s\n' '<?php' "define('DB_NAME', 's9');" "define('DB_USER', 's9');" \
+        "define('DB_PASSWORD', 's9');" "define('DB_HOST', 'localhost:$dir/run/mysql.sock');" \
+        "define('WP_CONTENT_DIR', '/usr/share/wordpress/wp-content');" \
+        "define('DISABLE_WP_CRON', true);" "define('WP_HTTP_BLOCK_EXTERNAL', true);" \
+        "define('AUTOMATIC_UPDATER_DISABLED', true);" > /etc/wordpress/config-s9-bench.php
+    chmod 644 /etc/wordpress/config-s9-bench.php
+    id=$(php8.2 bench/s9-wordpress.php s9-bench | tail -1)
+    wordpress_page="/wordpress/?p=$id"
+}
+
+bench_mariadb_stop() {
+    [ -n "${mariadb_pid:-}" ] || return 0
+    kill -TERM "$mariadb_pid" 2>/dev/null || true
+    wait "$mariadb_pid" 2>/dev/null || true
+    mariadb_pid=""
+}
+
 # A child of our own memory cgroup (v1 or v2) of 1 GiB, no swap, named
 # at-NAME-PID: sets cg, memf (its memory in use), cgversion, and defines
 # oom_kills (kills in it so far). As root. The caller removes it (rmdir).
