@@ -24,13 +24,26 @@
 
 #define MS 1000
 
+/* A zone whose requests are limited per client, or per key (the other 0). */
+static at_zone_t *zone_shared_by(apr_uint32_t limit, apr_uint32_t queue,
+                                 apr_uint32_t per_client, apr_uint32_t per_key)
+{
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 10000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .per_client = per_client,
+                        .per_key = per_key};
+
+    return zone_new_conf(&c);
+}
+
 static at_zone_t *zone_per_client(apr_uint32_t limit, apr_uint32_t queue,
                                   apr_uint32_t per_client)
 {
-    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 10000 * MS,
-                        .retry_after = AT_RETRY_AFTER_AUTO, .per_client = per_client};
+    return zone_shared_by(limit, queue, per_client, 0);
+}
 
-    return zone_new_conf(&c);
+static at_zone_t *zone_per_key(apr_uint32_t limit, apr_uint32_t queue, apr_uint32_t per_key)
+{
+    return zone_shared_by(limit, queue, 0, per_key);
 }
 
 static at_client_key_t key_of(unsigned n)
@@ -44,14 +57,6 @@ static at_client_key_t key_of(unsigned n)
     k.b[14] = (unsigned char)(n >> 8);
     k.b[15] = (unsigned char)n;
     return k;
-}
-
-static at_zone_t *zone_per_key(apr_uint32_t limit, apr_uint32_t queue, apr_uint32_t per_key)
-{
-    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 10000 * MS,
-                        .retry_after = AT_RETRY_AFTER_AUTO, .per_key = per_key};
-
-    return zone_new_conf(&c);
 }
 
 static at_client_key_t text_key(at_zone_t *z, const char *text)
