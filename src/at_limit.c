@@ -293,7 +293,7 @@ static void undo_shed(at_limit_t *c, double from)
  * The rules are those of docs/adaptive-limit.md's table, in its order. */
 static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *w)
 {
-    int paid, waiting, overshot, was_down = c->dir < 0;
+    int paid, waiting, unconfirmed, overshot, was_down = c->dir < 0;
     double failed, shed_from = 0;
 
     if (look_again_if_changed(c, w, x, conc)) {
@@ -303,7 +303,8 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
     }
     paid = limit_step_paid(c, x, conc, w->service_rse);
     waiting = limit_looks_waiting(c, x, conc);
-    if (paid != 1 || !limit_needs_confirming(c, x, conc)) {
+    unconfirmed = paid == 1 && limit_needs_confirming(c, x, conc);
+    if (!unconfirmed) {
         shed_from = c->shed_from; /* this step judges the shed before it, if any */
         c->shed_from = 0;
     }
@@ -311,7 +312,7 @@ static void judge_step(at_limit_t *c, double x, double conc, const at_window_t *
         undo_shed(c, shed_from);
         return;
     }
-    if (paid == 1 && limit_needs_confirming(c, x, conc)) {
+    if (unconfirmed) {
         /* A step paid but is not yet confirmed: same level, same
          * reference, the next window judges it again. */
         c->passes++;
@@ -481,4 +482,3 @@ int at_limit_update(at_limit_t *c, const at_window_t *w)
     }
     return 0;
 }
-

@@ -107,7 +107,6 @@ int limit_service_changed(double before_us, double now_us);
 int limit_work_changed_under_step(const at_limit_t *c, double x, double conc);
 double limit_share_to_shed(double before_us, double service_us, double rse);
 int limit_looks_waiting(const at_limit_t *c, double x, double conc);
-int limit_above_cores(const at_limit_t *c);
 int limit_needs_confirming(const at_limit_t *c, double x, double conc);
 int limit_gained_on_long_step_up(const at_limit_t *c, double x);
 int limit_slowed_under_the_limit(const at_limit_t *c, const at_window_t *w, double conc);

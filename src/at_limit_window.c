@@ -96,7 +96,7 @@ int limit_looks_waiting(const at_limit_t *c, double x, double conc)
  * lower limit and a step down passes at its first window: there it may be
  * work that computes finding its cores, and unconfirmed steps down are
  * what keeps noisy CPU-bound windows from creeping up. */
-int limit_above_cores(const at_limit_t *c)
+static int limit_above_cores(const at_limit_t *c)
 {
     return c->cores && rounded(c->settled) > c->cores;
 }
