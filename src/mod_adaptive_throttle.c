@@ -189,24 +189,51 @@ static apr_status_t release_on_cleanup(void *data)
     return APR_SUCCESS;
 }
 
-/* Releases the slot once the handler has produced its whole response (the
- * end of stream reaches this filter), before it is passed on: passing may
- * wait for a slow client to read it, and the handler's work is done. The
+/* Where the end of stream is, and whether a bucket before it is still being
+ * produced: a pipe or socket of unknown length (a CGI's stdout, mod_cgid's
+ * socket) is read downstream, while its producer runs. */
+static apr_bucket *find_eos(apr_bucket_brigade *bb, int *producing)
+{
+    apr_bucket *b;
+
+    *producing = 0;
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
+         b = APR_BUCKET_NEXT(b)) {
+        if (APR_BUCKET_IS_EOS(b)) {
+            return b;
+        }
+        if (b->length == (apr_size_t)-1) {
+            *producing = 1;
+        }
+    }
+    return NULL;
+}
+
+/* Releases the slot when the response's producer is done. A handler that
+ * made its whole response (heap, file, the end of a proxied stream) is done
+ * when the end of stream reaches this filter: the slot goes back before the
+ * brigade is passed on, so a slow client does not hold it. A CGI that sent
+ * its headers first is still running when mod_cgi passes its pipe with the
+ * end of stream: passing reads the pipe to its end (a filter that keeps a
+ * pipe bucket must read it), so the slot goes back once that returns. The
  * pool cleanup stays as the backstop. */
 static apr_status_t release_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
     req_state_t *st = f->ctx;
-    apr_bucket *b;
+    apr_status_t rv;
+    int producing;
 
-    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
-         b = APR_BUCKET_NEXT(b)) {
-        if (APR_BUCKET_IS_EOS(b)) {
-            release_slot(st);
-            ap_remove_output_filter(f);
-            break;
-        }
+    if (!find_eos(bb, &producing)) {
+        return ap_pass_brigade(f->next, bb);
     }
-    return ap_pass_brigade(f->next, bb);
+    ap_remove_output_filter(f);
+    if (!producing) {
+        release_slot(st);
+        return ap_pass_brigade(f->next, bb);
+    }
+    rv = ap_pass_brigade(f->next, bb);
+    release_slot(st);
+    return rv;
 }
 
 static void export_outcome(request_rec *r, const req_state_t *st)
@@ -345,9 +372,36 @@ static void request_key(request_rec *r, const zone_ref_t *ref, at_client_key_t *
     }
 }
 
+/* The first request of r's chain of internal redirects: where its state is
+ * kept. */
+static request_rec *first_of_chain(request_rec *r)
+{
+    while (r->prev) {
+        r = r->prev;
+    }
+    return r;
+}
+
+/* A subrequest runs under the slot of a request above it, if one holds a
+ * slot: counting it again would count one piece of work twice (and a
+ * limit=1 zone would deadlock on itself). */
+static int runs_under_a_slot(request_rec *r)
+{
+    const req_state_t *st;
+
+    for (r = r->main; r; r = r->main) {
+        st = ap_get_module_config(first_of_chain(r)->request_config,
+                                  &adaptive_throttle_module);
+        if (st && st->holding) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int throttle_handler(request_rec *r)
 {
-    request_rec *top = r;
+    request_rec *top;
     dir_conf_t *d;
     zone_ref_t *ref;
     req_state_t *st;
@@ -356,12 +410,10 @@ static int throttle_handler(request_rec *r)
     at_result_t res;
     int rc;
 
-    if (r->main || at_is_own_handler(r)) {
+    if (at_is_own_handler(r) || (r->main && runs_under_a_slot(r))) {
         return DECLINED;
     }
-    while (top->prev) {
-        top = top->prev;
-    }
+    top = first_of_chain(r);
     d = ap_get_module_config(r->per_dir_config, &adaptive_throttle_module);
     st = ap_get_module_config(top->request_config, &adaptive_throttle_module);
     if (st) {
@@ -380,8 +432,8 @@ static int throttle_handler(request_rec *r)
         return DECLINED;
     }
     /* A client trickling its body must not hold a slot or a place in the
-     * queue while it does. */
-    if ((rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
+     * queue while it does. A subrequest's body is its request's. */
+    if (!r->main && (rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
         return rc;
     }
 

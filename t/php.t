@@ -23,7 +23,7 @@ my $apxs = $ENV{APXS} || 'apxs';
 chomp(my $moddir = `$apxs -q LIBEXECDIR`);
 my $modphp = $ENV{MOD_PHP_SO} // '/var/cache/mod_adaptive_throttle/libphp8.2.so';
 my $prefork = ($ENV{MPM} // '') eq 'prefork';
-plan tests => 16, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 20, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'php-fpm (scripts/setup installs php8.2-fpm)' => $fpm,
                          'mod_proxy_fcgi' => -f "$moddir/mod_proxy_fcgi.so" };
 
@@ -96,6 +96,16 @@ sub check_php {
              scalar(@refused), "$how: every refusal carries Retry-After");
     ok t_cmp($full && $ex->{status} == 200 && $ex->{body} =~ $exempt_re ? 1 : 0, 1,
              "$how: $exempt (Throttle off) answered while the zone was full");
+
+    # A page that sends its first bytes and flush()es them, then works: the
+    # slot covers the work, not the first bytes.
+    @pids = map { bg_get("/php/probe.php?tag=flush&flush=1&sleep=1000", port => $srv->{port}) }
+            1 .. 4;
+    @r = map { bg_wait($_) } @pids;
+    ($cur, $max) = probe_count_in($probes, 'flush');
+    ok t_cmp($max, 2, "$how: a page that flush()es before its work: at most (and at some point exactly) 2");
+    ok t_cmp(scalar(grep { $_->{status} == 200 && $_->{body} =~ /^started\n.*result=/s } @r), 4,
+             "$how: the 4 such pages answered whole (2 ran, 2 waited)");
     my $st = $srv->{get}->('/throttle-status?auto');
     my ($active, $queued) = map { $st->{body} =~ /^Throttle\.php\.$_:\s*(\d+)/m ? $1 : '?' }
                             qw(Active Queued);
@@ -130,7 +140,7 @@ CONF
 if (!$prefork || !-f $modphp) {
     skip($prefork ? "mod_php: no $modphp (scripts/setup unpacks it)"
                   : 'mod_php: prefork only (Debian builds PHP without thread safety)')
-        for 1 .. 8;
+        for 1 .. 10;
 } else {
     my $probes = tempdir(CLEANUP => 1);
     chmod 0777, $probes;

@@ -3,6 +3,12 @@
 # it counts how many copies of itself run at once (per tag), remembers the
 # highest count, logs the order in which copies started and the pid of the
 # httpd process that runs it, then sleeps and answers.
+#
+# Its shape, as real scripts have it: by default it prints its headers after
+# its work; first=1 prints and flushes them before (as CGI.pm, shell and
+# Python scripts do), big=KiB then writes that much body before working,
+# more than a pipe holds; run as nph-probe.cgi it answers with its own
+# status line, first.
 use strict;
 use warnings;
 use Fcntl qw(:flock O_RDWR O_CREAT);
@@ -56,13 +62,25 @@ sub take_memory {
     close $lk;
 }
 
+my $nph = $0 =~ m{(?:^|/)nph-[^/]*$};
+my $first = $nph || ($q{first} // '') eq '1';
+my $big = ($q{big} // '') =~ /^(\d+)$/ ? $1 : 0;
+$| = 1;
+
 with_count(+1, 1);
+if ($first) {
+    print "HTTP/1.0 200 OK\r\n" if $nph;
+    print "Content-Type: text/plain\r\n\r\n";
+    print 'x' x 1023, "\n" for 1 .. $big;
+}
 take_memory($mem) if $mem;
 sleep($ms / 1000) if $ms;
 take_memory(-$mem) if $mem;
+# The count ends before the last line: a client that has the whole answer
+# finds this copy no longer counted.
 with_count(-1, 0);
 
-print "Content-Type: text/plain\n\n";
+print "Content-Type: text/plain\n\n" unless $first;
 printf "zone=%s result=%s wait_us=%s id=%s httpd_pid=%d priority=%s key=%s\n",
     $ENV{THROTTLE_ZONE} // '', $ENV{THROTTLE_RESULT} // '',
     $ENV{THROTTLE_WAIT_US} // '', $id, getppid(), $ENV{THROTTLE_PRIORITY} // '',

@@ -2,7 +2,9 @@
 // The PHP side of t/php_fpm.t: like cgi-bin/probe.cgi, under an exclusive
 // lock it counts how many copies of itself run at once in the pool (per
 // tag) and keeps the highest count, in the same "running highest" file
-// format, then sleeps and answers with what the module told it.
+// format, then sleeps and answers with what the module told it. With
+// flush=1 it sends its headers and a first line, and flush()es them, before
+// it works, as pages that stream do.
 $tag = preg_match('/^\w+$/', $_GET['tag'] ?? '') ? $_GET['tag'] : 'default';
 $ms = preg_match('/^\d+$/', $_GET['sleep'] ?? '') ? (int)$_GET['sleep'] : 0;
 $dir = $_SERVER['PROBE_DIR'] ?? '';
@@ -26,9 +28,14 @@ function with_count(string $file, int $delta): void
     fclose($fh);
 }
 
+$flush = ($_GET['flush'] ?? '') === '1';
 with_count("$dir/$tag.count", +1);
+header('Content-Type: text/plain');
+if ($flush) {
+    echo "started\n";
+    flush();
+}
 usleep($ms * 1000);
 with_count("$dir/$tag.count", -1);
-header('Content-Type: text/plain');
 printf("zone=%s result=%s pid=%d\n", $_SERVER['THROTTLE_ZONE'] ?? '-',
        $_SERVER['THROTTLE_RESULT'] ?? '-', getmypid());
