@@ -217,6 +217,12 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
  * service time is not the zone's. Release it with at_zone_release. */
 at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
 
+/* Without the lock, a guess: whether a newcomer of this priority would be
+ * refused at once because every slot it may take is busy and the queue is
+ * full of waiters it cannot displace. Read before a request's body is: a
+ * request about to be refused is not asked for its body. */
+int at_zone_looks_full(const at_zone_t *z, int priority);
+
 /* Returns the service time in us, or -1 if the slot had been reclaimed. */
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);
 

@@ -521,6 +521,22 @@ static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
     return admit_or_queue(z, t, &rq, &rt, &m, abort_fn, ctx, start);
 }
 
+int at_zone_looks_full(const at_zone_t *z, int priority)
+{
+    apr_int32_t tail;
+
+    if (__atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
+        || zone_running(z) < zone_slots_for(z, priority)
+        || __atomic_load_n(&z->queued, __ATOMIC_RELAXED)
+               < __atomic_load_n(&z->queue_cap, __ATOMIC_RELAXED)) {
+        return 0;
+    }
+    tail = __atomic_load_n(&z->qtail, __ATOMIC_RELAXED);
+    return tail == NONE
+           || __atomic_load_n(&waiters((at_zone_t *)z)[tail].priority, __ATOMIC_RELAXED)
+                  >= priority;
+}
+
 /* The ticket's wait is all the time the request spent here: for the zone's
  * lock (a stopped holder can make it long) and in the queue. */
 at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t *req,

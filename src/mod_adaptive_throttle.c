@@ -408,7 +408,7 @@ static int throttle_handler(request_rec *r)
     at_client_key_t client;
     at_request_t rq;
     at_result_t res;
-    int rc;
+    int rc, body_unread;
 
     if (at_is_own_handler(r) || (r->main && runs_under_a_slot(r))) {
         return DECLINED;
@@ -432,9 +432,14 @@ static int throttle_handler(request_rec *r)
         return DECLINED;
     }
     /* A client trickling its body must not hold a slot or a place in the
-     * queue while it does. A subrequest's body is its request's. */
-    if (!r->main && (rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
-        return rc;
+     * queue while it does; one about to be refused is not asked for it
+     * (no 100 Continue, no upload). A subrequest's body is its request's. */
+    body_unread = !r->main && ap_request_has_body(r);
+    if (body_unread && !at_zone_looks_full(ref->zone, d->priority)) {
+        if ((rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
+            return rc;
+        }
+        body_unread = 0;
     }
 
     request_key(r, ref, &client);
@@ -459,6 +464,9 @@ static int throttle_handler(request_rec *r)
 
     if (is_refusal(res)) {
         st->refused = 1;
+        if (body_unread) {
+            r->connection->keepalive = AP_CONN_CLOSE; /* its body is still on the wire */
+        }
         /* rate=: when the bucket lets one through, exactly */
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", st->ticket.retry_after

@@ -1,7 +1,8 @@
 # read_body=1k (zone body, limit=2): a request's body, up to 1 KiB, is read
 # before the request takes a slot. Two clients trickling their bodies do not
 # hold the zone's two slots while they trickle; every body reaches the CGI
-# byte for byte, whatever its size or framing.
+# byte for byte, whatever its size or framing. A request the zone refuses
+# at once is not asked for its body: no 100 Continue, no upload.
 use strict;
 use warnings FATAL => 'all';
 use Apache::Test;
@@ -9,9 +10,12 @@ use Apache::TestUtil;
 use lib 't/lib';
 use ThrottleT;
 use Digest::MD5 qw(md5_hex);
+use IO::Select;
+use File::Temp qw(tempdir);
 use Time::HiRes qw(time sleep);
 
-plan tests => 10, need_cgi;
+plan tests => 13, need need_cgi(),
+    { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF} };
 
 # POST $body to $path on a connection of our own; with chunked, in chunks of
 # 700 bytes. Returns the answer's status and body.
@@ -100,3 +104,39 @@ ok t_cmp($fast_done < $trickle_done - 1, 1,
          sprintf('they were not held behind the tricklers (%.2f s; trickling took %.2f s)',
                  $fast_done, $trickle_done));
 ok t_cmp($ok_tricklers, 2, 'the trickled bodies arrived whole');
+
+# A full zone (limit=1, queue=0, its slot held): a POST that expects
+# 100 Continue is answered 503 at once, without the 100 that would ask for
+# its 200 KB, and the connection closes (the body is still unsent).
+{
+    my $probes = tempdir(CLEANUP => 1);
+    chmod 0777, $probes;
+    my $srv = private_server(cgi_conf($probes) . <<'CONF');
+ThrottleZone full limit=1 queue=0
+<Location /cgi-bin/>
+    Throttle full
+</Location>
+<Location /ts>
+    SetHandler throttle-status
+</Location>
+CONF
+    my $hold = bg_get('/cgi-bin/probe.cgi?tag=full&sleep=3000', port => $srv->{port});
+    wait_until(sub { (probe_count_in($probes, 'full'))[0] == 1 }, 10) or die 'never ran';
+    my $sock = ThrottleT::connect_server(port => $srv->{port});
+    print $sock "POST /cgi-bin/echo.cgi HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        . "Content-Length: 200000\r\nExpect: 100-continue\r\n\r\n";
+    my $raw = '';
+    my $sel = IO::Select->new($sock);
+    while ($sel->can_read(20)) {
+        last unless sysread($sock, $raw, 65536, length $raw);
+    }
+    close $sock;
+    my ($first) = $raw =~ m{^(HTTP/\S+ \d+)};
+    ok t_cmp($first // 'no answer', 'HTTP/1.1 503',
+             'a refused POST gets 503 as its first answer, no 100 Continue');
+    ok t_cmp($raw, qr/^Connection: close\r$/mi, 'and the connection closes');
+    bg_wait($hold);
+    my $st = $srv->{get}->('/ts?auto')->{body};
+    ok t_cmp(($st =~ /^Throttle\.full\.RejectedFull: (\d+)/m)[0], 1, 'counted as rejected-full');
+    $srv->{stop}->();
+}
