@@ -16,6 +16,64 @@ bench_setup() {
     moddir=$(apxs -q LIBEXECDIR)
 }
 
+# The cores this run may use (its CPU affinity, as a taskset list: 0-1), and
+# how many: a server that is not pinned gets these, its clients beside it.
+bench_cpus() { awk '$1 == "Cpus_allowed_list:" {print $2}' /proc/self/status; }
+bench_ncpus() { nproc; }
+
+# bench_version NAME: the version of httpd, php, haproxy, nginx, wrk or
+# redis-server installed here, or "absent".
+bench_version() {
+    local PATH=$PATH:/usr/sbin:/sbin v=""
+    case $1 in
+    httpd) command -v apache2 >/dev/null &&
+        v=$(apache2 -v 2>/dev/null | sed -n 's|^Server version: Apache/\([^ ]*\).*|\1|p') ;;
+    php) command -v php >/dev/null && v=$(php -r 'echo PHP_VERSION;' 2>/dev/null) ;;
+    haproxy) command -v haproxy >/dev/null &&
+        v=$(haproxy -v 2>/dev/null | sed -n 's/^HA-*Proxy version \([^ ]*\).*/\1/p') ;;
+    nginx) command -v nginx >/dev/null && v=$(nginx -v 2>&1 | sed -n 's|^nginx version: nginx/||p') ;;
+    # wrk -v exits 1 after printing "wrk 4.1.0 [epoll] ..." (Debian's: "wrk debian/4.1.0-3+b2")
+    wrk) command -v wrk >/dev/null && v=$(wrk -v 2>&1 | awk 'NR == 1 {sub(/^debian\//, "", $2); print $2}') ;;
+    redis-server) command -v redis-server >/dev/null &&
+        v=$(redis-server --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p') ;;
+    esac
+    echo "${v:-absent}"
+}
+
+# "core 1", "cores 0-1": a taskset list in words.
+bench_cores_named() { case $1 in *[,-]*) echo "cores $1" ;; *) echo "core $1" ;; esac; }
+
+# bench_env [SERVER_CPUS CLIENT_CPUS]: the paragraph every report starts
+# with, under its title: what it ran on, read from the machine when the
+# report is written. The arguments are the taskset lists a scenario pins its
+# server and clients to; with none, both share the cores this run may use.
+# bench/BenchEnv.pm gives the Perl reports this same paragraph.
+bench_env() {
+    local commit pins cpu t v tools=""
+    # The run writes docs/benchmarks itself: only changes elsewhere make the
+    # measured tree differ from the commit.
+    if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+        [ -z "$(git status --porcelain --untracked-files=no -- . ':!docs/benchmarks' 2>/dev/null)" ] ||
+            commit="$commit+dirty"
+        commit="commit \`$commit\`"
+    else
+        commit="an unknown commit (git rev-parse failed)"
+    fi
+    if [ $# -ge 2 ]; then
+        pins="server on $(bench_cores_named "$1"), clients on $(bench_cores_named "$2")"
+    else
+        pins="server and clients sharing $(bench_cores_named "$(bench_cpus)")"
+    fi
+    cpu=$(awk -F': *' '$1 ~ /^model name/ {print $2; exit}' /proc/cpuinfo)
+    for t in httpd:httpd php:PHP haproxy:HAProxy nginx:nginx wrk:wrk redis-server:redis-server; do
+        tools="$tools, ${t#*:} $(bench_version "${t%%:*}")"
+    done
+    printf 'Ran on %s, %s; Linux %s; %s, %s cores online; %s%s; %s.\n\n' \
+        "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -r)" "${cpu:-$(uname -m)}" \
+        "$(getconf _NPROCESSORS_ONLN)" "$pins" \
+        "${BENCH_MODULE:+; the module from $BENCH_MODULE}" "${tools#, }"
+}
+
 # bench_start NAME PORT MPM "MODULES" "CONFIGURATION"
 # MODULES: extra module names to load (mod_NAME.so from apxs's LIBEXECDIR);
 # "adaptive_throttle" loads the module from this build tree, or the one
