@@ -31,7 +31,10 @@ bench_version() {
     php) command -v php >/dev/null && v=$(php -r 'echo PHP_VERSION;' 2>/dev/null) ;;
     haproxy) command -v haproxy >/dev/null &&
         v=$(haproxy -v 2>/dev/null | sed -n 's/^HA-*Proxy version \([^ ]*\).*/\1/p') ;;
-    nginx) command -v nginx >/dev/null && v=$(nginx -v 2>&1 | sed -n 's|^nginx version: nginx/||p') ;;
+    # scripts/setup unpacks Debian's nginx rather than installing it
+    nginx) for n in nginx /var/cache/mod_adaptive_throttle/nginx; do
+               command -v "$n" >/dev/null && v=$("$n" -v 2>&1 | sed -n 's|^nginx version: nginx/||p') && break
+           done ;;
     # wrk -v exits 1 after printing "wrk 4.1.0 [epoll] ..." (Debian's: "wrk debian/4.1.0-3+b2")
     wrk) command -v wrk >/dev/null && v=$(wrk -v 2>&1 | awk 'NR == 1 {sub(/^debian\//, "", $2); print $2}') ;;
     redis-server) command -v redis-server >/dev/null &&

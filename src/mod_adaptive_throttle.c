@@ -467,6 +467,9 @@ static int throttle_handler(request_rec *r)
         if (body_unread) {
             r->connection->keepalive = AP_CONN_CLOSE; /* its body is still on the wire */
         }
+        else {
+            at_keep_connection_after_refusal(r);
+        }
         /* rate=: when the bucket lets one through, exactly */
         apr_table_setn(r->err_headers_out, "Retry-After",
                        apr_psprintf(r->pool, "%u", st->ticket.retry_after
@@ -510,6 +513,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     ap_register_output_filter(RELEASE_FILTER, release_filter, NULL,
                               AP_FTYPE_RESOURCE);
     at_body_register();
+    at_refuse_register();
     at_life_register_hooks();
     at_shm_register_hooks();
 }

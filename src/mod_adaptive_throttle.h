@@ -113,6 +113,11 @@ apr_int64_t at_life_max_age_us(void);
 int at_read_body_first(request_rec *r, apr_off_t limit);
 void at_body_register(void);
 
+/* A refusal keeps its keep-alive connection where HTTP allows
+ * (mod_adaptive_throttle_refuse.c): call before answering the refusal. */
+void at_keep_connection_after_refusal(request_rec *r);
+void at_refuse_register(void);
+
 /* Status page: the throttle-status handler and the mod_status section. */
 int at_status_handler(request_rec *r);
 int at_status_section(request_rec *r, int flags);

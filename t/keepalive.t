@@ -1,0 +1,122 @@
+# A refusal keeps its keep-alive connection where HTTP allows: the
+# module's 503 and 429 (Retry-After and all, and through a local
+# ErrorDocument) leave an HTTP/1.1 connection open, and the client's next
+# request is answered on it. Closed as httpd closes it: when the client
+# asks (Connection: close), over HTTP/1.0, and when a request body was
+# left unread.
+use strict;
+use warnings FATAL => 'all';
+use Apache::Test;
+use Apache::TestUtil;
+use lib 't/lib';
+use ThrottleT;
+use File::Temp qw(tempdir);
+use IO::Select;
+use IO::Socket::INET;
+
+plan tests => 9, need need_cgi(),
+    { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF} };
+
+my $probes = tempdir(CLEANUP => 1);
+chmod 0777, $probes;
+my $docs = tempdir(CLEANUP => 1);
+chmod 0755, $docs;
+open my $fh, '>', "$docs/busy.html" or die;
+print $fh "<p>busy, come back soon</p>\n";
+close $fh;
+chmod 0644, "$docs/busy.html";
+my $srv = private_server(cgi_conf($probes, '/full/', '/many/', '/page/') . <<"CONF");
+KeepAlive On
+MaxKeepAliveRequests 100
+ThrottleZone full limit=1 queue=0
+ThrottleZone many limit=1 queue=0 status=429
+ThrottleZone page limit=1 queue=0
+<Location /full/>
+    Throttle full
+</Location>
+<Location /many/>
+    Throttle many
+</Location>
+<Location /page/>
+    Throttle page
+    ErrorDocument 503 /docs/busy.html
+</Location>
+Alias /docs/ "$docs/"
+<Directory "$docs">
+    Require all granted
+</Directory>
+CONF
+
+# Requests in turn on one connection; returns each answer's status line,
+# headers and body, and whether the server closed the connection after
+# the last one.
+sub on_one_connection {
+    my (@reqs) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $srv->{port},
+                                  Timeout => 20) or die "connect: $!";
+    my (@answers, $buf);
+    $buf = '';
+    my $sel = IO::Select->new($s);
+    for my $req (@reqs) {
+        print $s $req;
+        my ($head, $body);
+        while (1) {
+            if ($buf =~ /\A(.*?\r\n\r\n)/s) {
+                $head = $1;
+                my ($len) = $head =~ /^Content-Length: (\d+)\r$/mi;
+                if (defined $len && length($buf) >= length($head) + $len) {
+                    $body = substr($buf, length($head), $len);
+                    $buf = substr($buf, length($head) + $len);
+                    last;
+                }
+            }
+            last unless $sel->can_read(20) && sysread($s, $buf, 65536, length $buf);
+        }
+        push @answers, { head => $head // '', body => $body // '' };
+        last unless defined $body;
+    }
+    my $closed = !$sel->can_read(2) ? 0 : !sysread($s, $buf, 1);
+    close $s;
+    return (\@answers, $closed);
+}
+
+sub get11 { my ($path, $extra) = @_; "GET $path HTTP/1.1\r\nHost: 127.0.0.1\r\n" . ($extra // '') . "\r\n" }
+sub status_of { ($_[0]{head} =~ m{^HTTP/\S+ (\d+)})[0] // 0 }
+
+# Each zone's one slot held by a sleeping CGI.
+my @holds = map { bg_get("/$_/probe.cgi?tag=$_&sleep=8000", port => $srv->{port}) } qw(full many page);
+wait_until(sub { (probe_count_in($probes, 'full'))[0] + (probe_count_in($probes, 'many'))[0]
+                 + (probe_count_in($probes, 'page'))[0] == 3 }, 10) or die 'holders never ran';
+
+my ($a, $closed) = on_one_connection(get11('/full/probe.cgi?tag=x'), get11('/full/probe.cgi?tag=x'),
+                                     get11('/hello.txt'));
+ok t_cmp(join(' ', map { status_of($_) } @$a), '503 503 200',
+         'two refusals and a file answered on one HTTP/1.1 connection');
+ok t_cmp(($a->[0]{head} =~ /^Retry-After: (\d+)\r$/m ? 'Retry-After' : 'none')
+         . ($a->[0]{head} =~ /^Connection: close/mi ? ' close' : ''), 'Retry-After',
+         'the 503 carries Retry-After and no Connection: close');
+ok t_cmp($closed, 0, 'the connection stays open after them');
+
+($a) = on_one_connection(get11('/many/probe.cgi?tag=x'), get11('/many/probe.cgi?tag=x'));
+ok t_cmp(join(' ', map { status_of($_) } @$a), '429 429', 'status=429: the same');
+
+($a) = on_one_connection(get11('/page/probe.cgi?tag=x'), get11('/page/probe.cgi?tag=x'));
+ok t_cmp(join(' ', map { status_of($_) . ' ' . $_->{body} } @$a),
+         "503 <p>busy, come back soon</p>\n 503 <p>busy, come back soon</p>\n",
+         'a local ErrorDocument 503 is shown, and the connection kept');
+
+($a, $closed) = on_one_connection(get11('/full/probe.cgi?tag=x', "Connection: close\r\n"));
+ok t_cmp(status_of($a->[0]) . " $closed", '503 1', 'the client asked for close: closed');
+
+($a, $closed) = on_one_connection("GET /full/probe.cgi?tag=x HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+ok t_cmp(status_of($a->[0]) . " $closed", '503 1', 'HTTP/1.0: closed');
+
+($a, $closed) = on_one_connection("POST /full/probe.cgi?tag=x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                  . "Content-Length: 5\r\n\r\nhello");
+ok t_cmp(status_of($a->[0]) . ' ' . ($a->[0]{head} =~ /^Connection: close/mi ? 'close' : 'kept')
+         . " $closed", '503 close 1', 'a request body left unread: closed');
+
+bg_wait($_) for @holds;
+($a) = on_one_connection(get11('/full/probe.cgi?tag=x'));
+ok t_cmp(status_of($a->[0]), 200, 'once free, the zone runs the request');
+$srv->{stop}->();
