@@ -7,10 +7,11 @@ use warnings;
 use Exporter 'import';
 use IO::Socket::INET;
 use Storable qw(store retrieve);
+use File::Spec;
 use File::Temp qw(tempdir);
 use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
-use Fcntl qw(:flock);
+use Fcntl qw(:flock O_RDONLY O_CREAT);
 use IO::Select;
 use Apache::Test;
 use Apache::TestRequest;
@@ -261,10 +262,43 @@ sub stop_process {
     wait_until($stopped, 10) or die "process $pid did not stop";
 }
 
+# A port for a server of the test's own, that no other test (the suites of
+# the other MPMs run at the same time) is given while this process lives:
+# outside the kernel's ephemeral range, which bind() to port 0 and every
+# outgoing connection draw from, and reserved by a lock on a file of its
+# own, held until this process and its forked clients have exited.
+my @port_locks;
 sub free_port {
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1)
-        or die "no free port: $!";
-    return $s->sockport;
+    my ($eph_lo, $eph_hi) = (32768, 60999);
+    if (open my $r, '<', '/proc/sys/net/ipv4/ip_local_port_range') {
+        ($eph_lo, $eph_hi) = split ' ', scalar <$r>;
+    }
+    my $dir = File::Spec->tmpdir . '/mod_adaptive_throttle-test-ports';
+    mkdir $dir;
+    chmod 01777, $dir if -o $dir;
+    my ($base, $span) = (20000, 10000);
+    my $first = int(rand $span);
+    for my $i (0 .. $span - 1) {
+        my $port = $base + ($first + $i) % $span;
+        next if $port >= $eph_lo && $port <= $eph_hi;
+        # read-only: another user's file of the same name locks as well
+        sysopen my $lock, "$dir/$port", O_RDONLY | O_CREAT, 0644 or next;
+        unless (flock $lock, LOCK_EX | LOCK_NB) {
+            close $lock;
+            next;
+        }
+        # free now, as httpd will bind it (SO_REUSEADDR: TIME_WAIT is no bar)
+        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
+                                      Listen => 1, ReuseAddr => 1);
+        unless ($s) {
+            close $lock;
+            next;
+        }
+        close $s;
+        push @port_locks, $lock;
+        return $port;
+    }
+    die "no free port between $base and " . ($base + $span - 1);
 }
 
 # Configuration lines for a private server: the suite's CGIs (probe.cgi

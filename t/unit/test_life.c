@@ -153,9 +153,11 @@ static void test_claim_retirement(void **state)
 
     at_life_init(l, 4, 1);
     assert_true(at_life_claim_retirement(l, 50000));
-    assert_false(at_life_claim_retirement(l, 50000)); /* right after another */
-    usleep(60000);
+    /* right after another: within an hour, however slow the machine */
+    assert_false(at_life_claim_retirement(l, 3600 * APR_INT64_C(1000000)));
+    usleep(60000); /* sleeps run long, never short: past the 50 ms window */
     assert_true(at_life_claim_retirement(l, 50000));
+    assert_false(at_life_claim_retirement(l, 3600 * APR_INT64_C(1000000)));
     free(l);
 }
 

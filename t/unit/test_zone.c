@@ -67,6 +67,7 @@ typedef struct {
     int *order;
     int *next;
     volatile int *abort_flag;
+    int *hold_until; /* non-NULL: holds its slot until *hold_until is set */
 } waiter_arg_t;
 
 static int abort_when_flag(void *ctx)
@@ -89,6 +90,9 @@ static void *waiter_thread(void *p)
         if (a->hold_us) {
             usleep((useconds_t)a->hold_us);
         }
+        while (a->hold_until && !__atomic_load_n(a->hold_until, __ATOMIC_SEQ_CST)) {
+            usleep(1000);
+        }
         at_zone_release(a->z, &t);
     }
     return NULL;
@@ -106,7 +110,7 @@ static void test_fifo_order(void **state)
 
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
     for (int i = 0; i < N; i++) {
-        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 1 * MS, order, &next, NULL};
+        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 1 * MS, order, &next, NULL, NULL};
         pthread_create(&th[i], NULL, waiter_thread, &a[i]);
         wait_until_queued(z, (apr_uint32_t)i + 1); /* enqueue in a known order */
     }
@@ -123,28 +127,34 @@ static void test_fifo_order(void **state)
     zone_free(z);
 }
 
-/* A released slot belongs to the oldest waiter: a newcomer cannot take it. */
+/* A released slot belongs to the oldest waiter: a newcomer cannot take it.
+ * The waiter keeps the slot until the newcomer has its answer, and only
+ * the newcomer has a short timeout, so a slow machine changes nothing. */
 static void test_no_barging(void **state)
 {
-    at_zone_t *z = zone_new(1, 1, 50 * MS);
+    at_zone_t *z = zone_new(1, 1, 30000 * MS);
     at_ticket_t hold, late;
     pthread_t th;
-    waiter_arg_t a = {z, 0, AT_ERROR, 0, 300 * MS, NULL, NULL, NULL};
+    int done = 0;
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, NULL, &done};
+    at_request_t rq = {.may_wait = 1, .timeout_us = 50 * MS};
     (void)state;
 
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
     pthread_create(&th, NULL, waiter_thread, &a);
     wait_until_queued(z, 1);
     at_zone_release(z, &hold);
-    assert_int_equal(at_zone_acquire(z, &late, NULL, NULL), AT_REJECTED_TIMEOUT);
+    assert_int_equal(at_zone_acquire_req(z, &late, &rq, NULL, NULL), AT_REJECTED_TIMEOUT);
+    __atomic_store_n(&done, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
     assert_int_equal(a.result, AT_QUEUED);
     zone_free(z);
 }
 
+/* Refused at once: well before the long timeout it would have waited out. */
 static void test_queue_full_rejects_at_once(void **state)
 {
-    at_zone_t *z = zone_new(1, 2, 2000 * MS);
+    at_zone_t *z = zone_new(1, 2, 30000 * MS);
     at_ticket_t hold, t;
     pthread_t th[2];
     waiter_arg_t a[2];
@@ -154,13 +164,13 @@ static void test_queue_full_rejects_at_once(void **state)
 
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
     for (int i = 0; i < 2; i++) {
-        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 0, NULL, NULL, NULL};
+        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 0, NULL, NULL, NULL, NULL};
         pthread_create(&th[i], NULL, waiter_thread, &a[i]);
         wait_until_queued(z, (apr_uint32_t)i + 1);
     }
     t0 = at_now_us();
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_FULL);
-    assert_true(at_now_us() - t0 < 20 * MS);
+    assert_true(at_now_us() - t0 < 15000 * MS);
     at_zone_release(z, &hold);
     for (int i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
@@ -178,7 +188,7 @@ static void test_queue_full_rejects_at_once(void **state)
  * finds a free slot still runs. */
 static void test_no_wait_refuses_instead_of_queueing(void **state)
 {
-    at_zone_t *z = zone_new(1, 5, 2000 * MS);
+    at_zone_t *z = zone_new(1, 5, 30000 * MS);
     at_ticket_t hold, t;
     apr_int64_t t0;
     at_zone_stats_t s;
@@ -187,7 +197,7 @@ static void test_no_wait_refuses_instead_of_queueing(void **state)
     assert_int_equal(at_zone_acquire_if(z, &hold, NULL, 0, NULL, NULL), AT_ADMITTED);
     t0 = at_now_us();
     assert_int_equal(at_zone_acquire_if(z, &t, NULL, 0, NULL, NULL), AT_REJECTED_WORKERS);
-    assert_true(at_now_us() - t0 < 20 * MS);
+    assert_true(at_now_us() - t0 < 15000 * MS); /* not the timeout */
     at_zone_stats(z, &s);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.counters.rejected_workers, 1);
@@ -207,7 +217,7 @@ static void test_timeout(void **state)
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_TIMEOUT);
     assert_true(t.wait_us >= 120 * MS);
-    assert_true(t.wait_us < 1000 * MS);
+    assert_true(t.wait_us < 120 * MS + 10000 * MS); /* a hang guard only */
     assert_int_equal(queued_now(z), 0);
     at_zone_release(z, &hold);
     zone_free(z);
@@ -215,11 +225,11 @@ static void test_timeout(void **state)
 
 static void test_abort_leaves_queue(void **state)
 {
-    at_zone_t *z = zone_new(1, 4, 5000 * MS);
+    at_zone_t *z = zone_new(1, 4, 30000 * MS);
     at_ticket_t hold;
     volatile int flag = 0;
     pthread_t th;
-    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, &flag};
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, &flag, NULL};
     at_zone_stats_t s;
     (void)state;
 
@@ -229,7 +239,7 @@ static void test_abort_leaves_queue(void **state)
     flag = 1;
     pthread_join(th, NULL);
     assert_int_equal(a.result, AT_ABORTED);
-    assert_true(a.wait_us < 200 * MS); /* one wait slice, not the timeout */
+    assert_true(a.wait_us < 15000 * MS); /* left on the abort, not the timeout */
     at_zone_stats(z, &s);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.counters.aborted, 1);
@@ -287,10 +297,11 @@ static void *kill_later(void *p)
     return NULL;
 }
 
-/* A waiter notices a dead holder within a reclaim interval. */
+/* A waiter notices a dead holder and takes its slot, well before its long
+ * timeout: nothing else (no parent here) reclaims. */
 static void test_waiter_reclaims(void **state)
 {
-    at_zone_t *z = zone_new(1, 1, 3000 * MS);
+    at_zone_t *z = zone_new(1, 1, 30000 * MS);
     at_ticket_t t;
     pthread_t th;
     pid_t pid = fork();
@@ -309,7 +320,8 @@ static void test_waiter_reclaims(void **state)
     assert_int_equal(active_now(z), 1);
     pthread_create(&th, NULL, kill_later, &pid);
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_QUEUED);
-    assert_true(t.wait_us < AT_RECLAIM_INTERVAL_US + 200 * MS);
+    assert_true(t.wait_us < 15000 * MS);
+    assert_int_equal(stats_of(z).counters.reclaimed, 1);
     pthread_join(th, NULL);
     at_zone_release(z, &t);
     waitpid(pid, NULL, 0);
@@ -318,7 +330,9 @@ static void test_waiter_reclaims(void **state)
 }
 
 /* Many waiters behind a live holder: one reclaim pass an interval, not one
- * per waiter that finds it due; and no lock taken just to look. */
+ * per waiter that finds it due; and no lock taken just to look. Counted
+ * from before the first waiter arrives, over the time it all took, so that
+ * a waiter started late on a slow machine changes nothing. */
 static void test_one_reclaim_at_a_time(void **state)
 {
     enum { N = 24, WAIT_MS = 1000 };
@@ -327,28 +341,37 @@ static void test_one_reclaim_at_a_time(void **state)
     waiter_arg_t a[N];
     pid_t holder = fork_holder(z, NULL, 1);
     apr_uint32_t passes, locks;
+    apr_int64_t t0, took;
     (void)state;
 
+    __atomic_store_n(&at_test_reclaim_passes, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&at_test_lock_count, 0, __ATOMIC_SEQ_CST);
+    t0 = at_now_us();
     for (int i = 0; i < N; i++) {
         a[i] = (waiter_arg_t){.z = z, .result = AT_ERROR};
         pthread_create(&th[i], NULL, waiter_thread, &a[i]);
     }
-    wait_until_queued(z, N);
-    __atomic_store_n(&at_test_reclaim_passes, 0, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&at_test_lock_count, 0, __ATOMIC_SEQ_CST);
     for (int i = 0; i < N; i++) {
         pthread_join(th[i], NULL);
-        assert_int_equal(a[i].result, AT_REJECTED_TIMEOUT);
+    }
+    took = at_now_us() - t0;
+    /* Each gives up at its deadline: refused for the timeout, or for the
+     * lock if another held it then (a busy machine descheduled it). */
+    for (int i = 0; i < N; i++) {
+        assert_true(a[i].result == AT_REJECTED_TIMEOUT
+                    || a[i].result == AT_REJECTED_LOCKED);
     }
     passes = __atomic_load_n(&at_test_reclaim_passes, __ATOMIC_SEQ_CST);
     locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST);
-    /* the waiters waited at most WAIT_MS: one pass per interval in that
-     * time, and one more for the edges */
-    assert_true(passes <= WAIT_MS * MS / AT_RECLAIM_INTERVAL_US + 2);
+    print_message("%d waiters for %.2f s: %u reclaim passes, %u lock waits\n", N,
+                  took / 1e6, passes, locks);
+    /* one pass per interval in the time the waiters waited, and one more
+     * for the edges */
+    assert_true(passes <= took / AT_RECLAIM_INTERVAL_US + 2);
     /* Waiting reads a waiter's state without the lock: each takes it to
-     * give up, and now and then to look for the dead; not every 50 ms
-     * (that was 20 a second each, 480 here). */
-    assert_true(locks <= 3 * N + 4 * passes);
+     * join the queue and to give up, and now and then to look for the
+     * dead; not every 50 ms (that was 20 a second each, 480 here). */
+    assert_true(locks <= 4 * N + 4 * passes);
     kill(holder, SIGKILL);
     waitpid(holder, NULL, 0);
     zone_free(z);
@@ -435,21 +458,29 @@ static void test_stopped_lock_holder_bounds_waits(void **state)
     zone_free(z);
 }
 
-/* Lets a stopped lock holder go on after 3 s, or as soon as told: a build
- * whose release waits for the lock for ever fails the test, not hangs it. */
+/* Sends sig to a lock holder after 20 s, or lets it be as soon as told: a
+ * build that waits for the lock for ever fails the test, not hangs it, and
+ * `fired` says whether the wait ended only because the holder went on. */
 typedef struct {
     pid_t holder;
+    int sig;
     int go;
+    int fired;
 } cont_arg_t;
 
 static void *cont_later(void *arg)
 {
     cont_arg_t *c = arg;
 
-    for (int i = 0; i < 3000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
+    for (int i = 0; i < 20000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
         usleep(1000);
     }
-    kill(c->holder, SIGCONT);
+    if (!__atomic_load_n(&c->go, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->fired, 1, __ATOMIC_SEQ_CST);
+    }
+    if (c->sig) {
+        kill(c->holder, c->sig);
+    }
     return NULL;
 }
 
@@ -460,7 +491,7 @@ static void test_release_while_lock_held(void **state)
 {
     at_zone_t *z = zone_new(1, 2, 300 * MS);
     at_ticket_t t;
-    cont_arg_t c = {0, 0};
+    cont_arg_t c = {0, SIGCONT, 0, 0};
     pthread_t th;
     apr_int64_t t0, took;
     (void)state;
@@ -474,7 +505,7 @@ static void test_release_while_lock_held(void **state)
     __atomic_store_n(&c.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
     assert_true(took >= AT_RELEASE_LOCK_US);
-    assert_true(took < 2000 * MS);
+    assert_false(c.fired); /* it gave up on the lock; the holder never went on */
 
     /* the holder let go: the slot is free again, and counted so */
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
@@ -562,7 +593,7 @@ static void test_reconfigure_keeps_state(void **state)
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     at_ticket_t hold;
     pthread_t th;
-    waiter_arg_t a = {NULL, 0, AT_ERROR, 0, 0, NULL, NULL, NULL};
+    waiter_arg_t a = {NULL, 0, AT_ERROR, 0, 0, NULL, NULL, NULL, NULL};
     at_zone_stats_t s;
     (void)state;
 
@@ -632,7 +663,7 @@ static void test_retry_after_resists_one_slow_request(void **state)
  * nothing; it never waits, counts in no total and adds no service time. */
 static void test_error_page_takes_only_a_free_slot(void **state)
 {
-    at_zone_t *z = zone_new(1, 4, 1000 * MS);
+    at_zone_t *z = zone_new(1, 4, 30000 * MS);
     at_ticket_t hold, page;
     at_zone_stats_t before, after;
     apr_int64_t t0;
@@ -642,7 +673,7 @@ static void test_error_page_takes_only_a_free_slot(void **state)
     before = stats_of(z);
     t0 = at_now_us();
     assert_int_equal(at_zone_acquire_now(z, &page), AT_REJECTED_FULL);
-    assert_true(at_now_us() - t0 < 100 * MS); /* it did not wait */
+    assert_true(at_now_us() - t0 < 15000 * MS); /* it did not wait out the timeout */
     after = stats_of(z);
     assert_int_equal(after.active, 1);
     assert_int_equal(after.queued, 0);
@@ -670,7 +701,9 @@ static void test_reconfigure_does_not_wait_for_the_lock(void **state)
                         .retry_after = AT_RETRY_AFTER_AUTO};
     at_zone_t *z = zone_new_conf(&c);
     at_ticket_t t[3];
-    apr_int64_t t0, took;
+    apr_uint32_t waits;
+    cont_arg_t guard = {0, SIGKILL, 0, 0};
+    pthread_t th;
     int fd[2];
     char ch;
     pid_t holder;
@@ -690,10 +723,15 @@ static void test_reconfigure_does_not_wait_for_the_lock(void **state)
     assert_int_equal(read(fd[0], &ch, 1), 1);
     kill(holder, SIGSTOP);
     c.limit = 3;
-    t0 = at_now_us();
+    /* Counted, not timed: a wait for the lock of any length is one. */
+    guard.holder = holder;
+    pthread_create(&th, NULL, cont_later, &guard);
+    waits = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST);
     assert_int_equal(at_zone_reconfigure(z, &c), APR_EBUSY);
-    took = at_now_us() - t0;
-    assert_true(took < 100 * MS);
+    assert_int_equal(__atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST), waits);
+    __atomic_store_n(&guard.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    assert_false(guard.fired);
     /* The holder dies; the next to take the lock applies the definition. */
     kill(holder, SIGKILL);
     waitpid(holder, NULL, 0);
@@ -786,7 +824,7 @@ static void handoff_interrupted_at(int where, int step)
         if (select(res[0] + 1, &rd, NULL, NULL, &tv) > 0) {
             break;
         }
-        if (at_now_us() - t0 > 5000 * MS) {
+        if (at_now_us() - t0 > 30000 * MS) { /* past the waiter's timeout: a hang guard */
             fail_msg("step %d.%d: the waiter never got the slot", where, step);
         }
     }
@@ -822,9 +860,9 @@ static void test_death_at_every_step_of_a_handoff(void **state)
 
 static void test_dry_run_never_refuses(void **state)
 {
-    at_zone_conf_t c = {.limit = 1, .queue = 2, .timeout_us = 100 * MS,
+    at_zone_conf_t c = {.limit = 1, .queue = 2, .timeout_us = 30000 * MS,
                         .retry_after = AT_RETRY_AFTER_AUTO, .dry_run = 1};
-    at_zone_t *z = zone_new(1, 2, 100 * MS);
+    at_zone_t *z = zone_new(1, 2, 30000 * MS);
     at_ticket_t t[5];
     at_zone_stats_t s;
     (void)state;
@@ -834,7 +872,8 @@ static void test_dry_run_never_refuses(void **state)
     assert_int_equal(at_zone_acquire(z, &t[1], NULL, NULL), AT_DRY_RUN_QUEUED);
     assert_int_equal(at_zone_acquire(z, &t[2], NULL, NULL), AT_DRY_RUN_QUEUED);
     assert_int_equal(at_zone_acquire(z, &t[3], NULL, NULL), AT_DRY_RUN_REJECTED);
-    assert_true(t[3].wait_us < 100 * MS); /* nobody waits in a dry run: not to the timeout */
+    /* nobody waits in a dry run: not to the timeout */
+    assert_true(t[3].wait_us < 15000 * MS);
     at_zone_stats(z, &s);
     assert_int_equal(s.active, 1);
     assert_int_equal(s.over_cap, 3);
@@ -910,7 +949,7 @@ static void test_latency_histograms(void **state)
     at_zone_t *z = zone_new(1, 4, 5000 * MS);
     at_ticket_t hold;
     pthread_t th;
-    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, NULL};
+    waiter_arg_t a = {z, 0, AT_ERROR, 0, 0, NULL, NULL, NULL, NULL};
     at_zone_stats_t s;
     (void)state;
 
@@ -958,7 +997,7 @@ static void note_running(hammer_t *h, apr_uint32_t n)
            && !__atomic_compare_exchange_n(&h->most, &m, n, 0, __ATOMIC_SEQ_CST,
                                            __ATOMIC_SEQ_CST)) {
     }
-    if (at_now_us() >= h->most_since_us) {
+    if (at_now_us() >= __atomic_load_n(&h->most_since_us, __ATOMIC_SEQ_CST)) {
         while ((m = __atomic_load_n(&h->most_late, __ATOMIC_SEQ_CST)) < n
                && !__atomic_compare_exchange_n(&h->most_late, &m, n, 0,
                                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -978,7 +1017,7 @@ static void *hammer(void *arg)
 {
     hammer_t *h = arg;
 
-    while (at_now_us() < h->until_us) {
+    while (at_now_us() < __atomic_load_n(&h->until_us, __ATOMIC_SEQ_CST)) {
         at_ticket_t t;
         at_result_t r = at_zone_acquire(h->z, &t, NULL, NULL);
         if (r == AT_ADMITTED || r == AT_QUEUED) {
@@ -996,8 +1035,10 @@ static void *hammer(void *arg)
     return NULL;
 }
 
-/* `threads` of hammer() on one zone until h->until_us. */
-static void hammer_threads(hammer_t *h, int threads)
+/* `threads` of hammer() on one zone until h->until_us, or until done(h)
+ * says what the test waits for has happened: a slow machine takes longer to
+ * get there, and h->until_us is only a hang guard. */
+static void hammer_until(hammer_t *h, int threads, int (*done)(hammer_t *h))
 {
     enum { MOST = 32 };
     pthread_t th[MOST];
@@ -1006,39 +1047,58 @@ static void hammer_threads(hammer_t *h, int threads)
     for (int i = 0; i < threads; i++) {
         pthread_create(&th[i], NULL, hammer, h);
     }
+    while (at_now_us() < h->until_us && !done(h)) {
+        usleep(10 * MS);
+    }
+    __atomic_store_n(&h->until_us, 0, __ATOMIC_SEQ_CST);
     for (int i = 0; i < threads; i++) {
         pthread_join(th[i], NULL);
     }
 }
 
+/* The held level has reached 8; from then on, the requests see 8 running. */
+static int climbed_to_8(hammer_t *h)
+{
+    if (__atomic_load_n(&h->most_since_us, __ATOMIC_SEQ_CST) == APR_INT64_MAX) {
+        if (stats_of(h->z).limit_held >= 8) {
+            __atomic_store_n(&h->most_since_us, at_now_us(), __ATOMIC_SEQ_CST);
+        }
+        return 0;
+    }
+    return __atomic_load_n(&h->most_late, __ATOMIC_SEQ_CST) >= 8;
+}
+
 /* limit=auto in a real zone: requests that only wait gain from running
- * together, so the limit climbs from its start towards max; the requests
- * themselves see more of them running at once, never more than max. The
- * level checked at the end is the held one: the limit itself may be a
- * probe's, and a machine that slows for a few windows (CI under ASan: a
- * 10 ms sleep took 11 - 14 ms) makes a probe down look free, whose
- * continuing step was 6 when the test stopped. */
+ * together, so the held limit climbs from its start to 8 or more, and the
+ * requests themselves then see 8 or more running at once, never more than
+ * max. Run until both are seen, not for a fixed time: a slow machine (CI
+ * under ASan: a 10 ms sleep took 11 - 14 ms) climbs later, not lower. The
+ * level checked is the held one: the limit itself may be a probe's. */
 static void test_auto_limit_climbs_for_waiting_work(void **state)
 {
     enum { THREADS = 16 };
     at_zone_t *z = zone_auto(1, 12, 3, 10000 * MS);
     apr_int64_t now = at_now_us();
-    hammer_t h = {z, now + 4000 * MS, 10 * MS, 0, 0, now + 3000 * MS, 0, 0};
+    hammer_t h = {z, now + 60000 * MS, 10 * MS, 0, 0, APR_INT64_MAX, 0, 0};
     at_zone_stats_t s;
     (void)state;
 
     at_zone_stats(z, &s);
     assert_int_equal(s.limit, 3);
     assert_int_equal(s.limit_auto, 1);
-    hammer_threads(&h, THREADS);
+    hammer_until(&h, THREADS, climbed_to_8);
     at_zone_stats(z, &s);
-    print_message("limit=auto: 3 -> %u (held %u) after 4 s, %lu changes, "
-                  "service %.1f ms; the requests saw at most %u running, %u in the "
-                  "last second\n", s.limit, s.limit_held, (unsigned long)s.limit_changes,
-                  s.recent_us / 1000, h.most, h.most_late);
+    print_message("limit=auto: 3 -> held 8 after %.2f s (-1: never), then %u (held %u) "
+                  "after %.2f s, %lu changes, service %.1f ms; the requests saw at most "
+                  "%u running, %u since\n",
+                  h.most_since_us == APR_INT64_MAX ? -1 : (h.most_since_us - now) / 1e6,
+                  s.limit, s.limit_held, (at_now_us() - now) / 1e6,
+                  (unsigned long)s.limit_changes, s.recent_us / 1000, h.most,
+                  h.most_late);
+    assert_true(h.most_since_us != APR_INT64_MAX); /* the held level reached 8 */
     assert_true(h.most <= 12);
     assert_true(h.most_late >= 8);
-    assert_true(s.limit_held >= 8 && s.limit_held <= 12);
+    assert_true(s.limit_held <= 12);
     assert_true(s.limit_changes >= 2);
     assert_int_equal(s.active, 0);
     zone_free(z);
@@ -1048,7 +1108,7 @@ static void test_auto_limit_climbs_for_waiting_work(void **state)
  * mean service time. */
 enum { MAX_WINDOWS = 64 };
 static double window_secs[MAX_WINDOWS], window_service_ms[MAX_WINDOWS];
-static int windows_seen;
+static int windows_seen; /* written under the zone's lock, read atomically */
 
 static void capture_windows(int level, const char *msg)
 {
@@ -1058,47 +1118,79 @@ static void capture_windows(int level, const char *msg)
     if (level == AT_LOG_TRACE1 && p && svc && windows_seen < MAX_WINDOWS) {
         window_secs[windows_seen] = atof(p + strlen("window of "));
         window_service_ms[windows_seen] = atof(svc + strlen("service "));
-        windows_seen++;
+        __atomic_store_n(&windows_seen, windows_seen + 1, __ATOMIC_SEQ_CST);
     }
 }
 
-/* hammer_threads(), keeping the windows the zone judged meanwhile. */
-static void hammer_judging_windows(hammer_t *h, int threads)
+/* hammer_until(), keeping the windows the zone judged meanwhile. */
+static void hammer_judging_windows(hammer_t *h, int threads, int (*done)(hammer_t *h))
 {
     windows_seen = 0;
     at_set_logger(capture_windows);
-    hammer_threads(h, threads);
+    hammer_until(h, threads, done);
     at_set_logger(NULL);
     print_message("windows judged: %d\n", windows_seen);
+}
+
+static int four_windows(hammer_t *h)
+{
+    (void)h;
+    return __atomic_load_n(&windows_seen, __ATOMIC_SEQ_CST) >= 4;
+}
+
+/* A window's length in its own mean service times: the machine's slowness
+ * is in both. */
+static double window_services(int i)
+{
+    return window_secs[i] / (window_service_ms[i] / 1000);
 }
 
 /* Twelve requests of 300 ms side by side, held at 12: six completions of
  * the same length would be enough to judge, and the first wave brings
  * twelve, but each window lasts at least two service times, so that it
- * does not catch one wave of them; and, but for one, under three while no
- * climb has found a top (min = max: there is none to find). A window may
- * run longer when it is short of completions (under valgrind one took
- * 0.86 s, another over 0.9). Both held against the 300 ms the requests
- * themselves take. */
+ * does not catch one wave of them (held against the 300 ms the requests
+ * sleep: sleeps run long, never short); and, but for one, under three and
+ * a half of its own service times while no climb has found a top (min =
+ * max: there is none to find), where one at the top lasts four. A window
+ * closes at the first end after its length, a wave later at most. */
 static void test_auto_windows_span_two_services(void **state)
 {
     enum { THREADS = 16 };
     at_zone_t *z = zone_auto(12, 12, 12, 10000 * MS);
     apr_int64_t now = at_now_us();
-    hammer_t h = {z, now + 3000 * MS, 300 * MS, 0, 0, now, 0, 0};
+    hammer_t h = {z, now + 60000 * MS, 300 * MS, 0, 0, now, 0, 0};
     int short_ones = 0;
     (void)state;
 
-    hammer_judging_windows(&h, THREADS);
-    assert_true(windows_seen >= 3);
+    hammer_judging_windows(&h, THREADS, four_windows);
+    assert_true(windows_seen >= 4);
     for (int i = 0; i < windows_seen; i++) {
-        print_message("  %.2f s, service %.1f ms\n", window_secs[i],
-                      window_service_ms[i]);
+        print_message("  %.2f s, service %.1f ms: %.1f service times\n", window_secs[i],
+                      window_service_ms[i], window_services(i));
         assert_true(window_secs[i] >= 1.5 * h.hold_us / 1e6);
-        short_ones += window_secs[i] < 3 * h.hold_us / 1e6;
+        short_ones += window_services(i) < 3.5;
     }
     assert_true(short_ones >= windows_seen - 1);
     zone_free(z);
+}
+
+/* The last LAST windows each span three and a half of their own service
+ * times or more: longer than any before a top is found. */
+enum { LAST = 2 };
+static int last_windows_long(hammer_t *h)
+{
+    int n = __atomic_load_n(&windows_seen, __ATOMIC_SEQ_CST);
+    (void)h;
+
+    if (n < LAST + 2) {
+        return 0;
+    }
+    for (int i = n - LAST; i < n; i++) {
+        if (window_services(i) < 3.5) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* Requests of 150 ms that share 4 cores, so that beyond 4 running each one
@@ -1106,36 +1198,33 @@ static void test_auto_windows_span_two_services(void **state)
  * has found its top, and from then on each window lasts four service
  * times instead of two (at_limit_window_services): on a flat top a probe's
  * effect is a few per cent, and twice as long a window halves the
- * variance it is judged with. The lengths are held against the 150 ms
- * the requests themselves take at 4, not the service time the zone reports. */
+ * variance it is judged with. Run until two long windows follow each
+ * other: a slow machine finds the top later, not never. */
 static void test_auto_windows_lengthen_at_the_top(void **state)
 {
-    enum { THREADS = 12, LAST = 2 };
+    enum { THREADS = 12 };
     at_zone_t *z = zone_auto(1, 8, 4, 10000 * MS);
     apr_int64_t now = at_now_us();
-    hammer_t h = {z, now + 6000 * MS, 150 * MS, 0, 0, now, 0, 4};
+    hammer_t h = {z, now + 60000 * MS, 150 * MS, 0, 0, now, 0, 4};
     (void)state;
 
-    hammer_judging_windows(&h, THREADS);
+    hammer_judging_windows(&h, THREADS, last_windows_long);
     for (int i = 0; i < windows_seen; i++) {
         print_message("  %.2f s, service %.1f ms: %.1f service times\n", window_secs[i],
-                      window_service_ms[i],
-                      window_secs[i] / (window_service_ms[i] / 1000));
+                      window_service_ms[i], window_services(i));
     }
-    assert_true(windows_seen >= LAST + 2);
-    for (int i = windows_seen - LAST; i < windows_seen; i++) {
-        assert_true(window_secs[i] >= 3 * h.hold_us / 1e6);
-    }
+    print_message("found the top after %.2f s\n", (at_now_us() - now) / 1e6);
+    assert_true(last_windows_long(&h));
     zone_free(z);
 }
 
 /* limit=auto: a newcomer whose estimated wait (place in the queue x recent
- * service time / limit) passes the timeout is refused at once. */
+ * service time / limit) passes the timeout is refused at once: the reason
+ * says so, where a newcomer that waited would say AT_REJECTED_TIMEOUT. */
 static void test_predicted_wait_refused_at_once(void **state)
 {
     at_zone_t *z = zone_auto(1, 1, 1, 100 * MS);
     at_ticket_t hold, t;
-    apr_int64_t t0;
     at_zone_stats_t s;
     (void)state;
 
@@ -1143,9 +1232,7 @@ static void test_predicted_wait_refused_at_once(void **state)
     usleep(250 * MS); /* one request took 250 ms */
     at_zone_release(z, &hold);
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
-    t0 = at_now_us();
     assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_REJECTED_PREDICTED);
-    assert_true(at_now_us() - t0 < 50 * MS);
     at_zone_stats(z, &s);
     assert_int_equal(s.counters.rejected_predicted, 1);
     assert_int_equal(s.queued, 0);
