@@ -206,7 +206,7 @@ static void test_unreadable(void **state)
 static at_zone_t *zone_mem(apr_uint32_t limit, apr_uint32_t queue, apr_uint64_t mem,
                            apr_int64_t settle_us)
 {
-    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 5000 * MS,
+    at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = 30000 * MS,
                         .retry_after = AT_RETRY_AFTER_AUTO, .mem_bytes = mem};
 
     at_memgate_set_reading(root, settle_us);
@@ -234,10 +234,11 @@ static int done(waiter_t *w)
     return __atomic_load_n(&w->done_us, __ATOMIC_SEQ_CST) != 0;
 }
 
-/* Up to 2 s for a waiter to be let in. */
-static int let_in_within_2s(waiter_t *w)
+/* Whether a waiter is let in: a hang guard well inside the zone's 30-s
+ * timeout, not a bound on how soon (a loaded machine is slow). */
+static int let_in(waiter_t *w)
 {
-    for (int i = 0; i < 2000 && !done(w); i++) {
+    for (int i = 0; i < 25000 && !done(w); i++) {
         usleep(1000);
     }
     return done(w);
@@ -261,7 +262,7 @@ static void test_held_until_memory_frees(void **state)
         w[i].z = z;
         pthread_create(&th[i], NULL, request, &w[i]);
         if (i < 2) {
-            assert_true(let_in_within_2s(&w[i]));
+            assert_true(let_in(&w[i]));
             assert_int_equal(w[i].result, AT_ADMITTED);
         }
         else {
@@ -274,14 +275,14 @@ static void test_held_until_memory_frees(void **state)
     assert_false(done(&w[2]));
 
     meminfo(650 * MiB); /* something else on the machine let go */
-    assert_true(let_in_within_2s(&w[2]));
+    assert_true(let_in(&w[2]));
     assert_int_equal(w[2].result, AT_QUEUED);
     usleep(200 * MS);
     assert_false(done(&w[3]));
     assert_int_equal(stats_of(z).active, 3);
 
     at_zone_release(z, &w[0].t); /* its memory is no longer counted */
-    assert_true(let_in_within_2s(&w[3]));
+    assert_true(let_in(&w[3]));
     assert_int_equal(w[3].result, AT_QUEUED);
     assert_true(w[2].done_us < w[3].done_us);
     for (int i = 0; i < N; i++) {
@@ -346,7 +347,7 @@ static void test_settled_requests_are_in_the_reading(void **state)
     b.z = z;
     assert_int_equal(at_zone_acquire(z, &a, NULL, NULL), AT_ADMITTED);
     pthread_create(&th, NULL, request, &b);
-    assert_true(let_in_within_2s(&b));
+    assert_true(let_in(&b));
     assert_int_equal(b.result, AT_QUEUED);
     assert_true(b.done_us - a.granted_us >= 300 * MS);
     pthread_join(th, NULL);
@@ -493,7 +494,7 @@ static void test_slow_reading_outside_the_lock(void **state)
     pthread_t th, wth;
     at_ticket_t t;
     at_result_t r;
-    apr_int64_t t0, took;
+    int reader_was_stuck;
     at_zone_t *z;
     (void)state;
 
@@ -501,9 +502,8 @@ static void test_slow_reading_outside_the_lock(void **state)
     reader = (waiter_t){z, AT_ERROR, {0}, 0};
     writer.fd = request_stuck_in_reading(&reader, &th);
     pthread_create(&wth, NULL, release_fifo, &writer);
-    t0 = at_now_us();
     r = at_zone_acquire_now(z, &t);
-    took = at_now_us() - t0;
+    reader_was_stuck = !done(&reader);
     __atomic_store_n(&writer.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(wth, NULL);
     pthread_join(th, NULL);
@@ -515,7 +515,7 @@ static void test_slow_reading_outside_the_lock(void **state)
     /* the reading was held up while the other request was decided: that
      * one neither waited for it nor was refused for the lock */
     assert_int_equal(r, AT_ADMITTED);
-    assert_true(took < 1000 * MS);
+    assert_true(reader_was_stuck);
     zone_free(z);
 }
 
