@@ -33,11 +33,12 @@
 #define AT_AUTO_START_PER_CPU 2
 #define AT_AUTO_MAX_PER_CPU 16
 
-/* Where an automatic limit's max came from. */
+/* Where a limit's max came from. */
 typedef enum {
-    AT_MAX_GIVEN = 0,   /* max= */
-    AT_MAX_FROM_CPUS,   /* AT_AUTO_MAX_PER_CPU x the CPUs (until told the workers) */
-    AT_MAX_FROM_WORKERS /* MaxRequestWorkers less what the rest needs */
+    AT_MAX_GIVEN = 0,    /* max= */
+    AT_MAX_FROM_CPUS,    /* AT_AUTO_MAX_PER_CPU x the CPUs (until told the workers) */
+    AT_MAX_FROM_WORKERS, /* MaxRequestWorkers less what the rest needs */
+    AT_MAX_FIXED         /* a fixed limit= is its own max */
 } at_max_from_t;
 
 const char *at_max_from_name(apr_uint32_t from);
@@ -67,6 +68,35 @@ const char *at_parse_zone_name(apr_pool_t *p, const char *s);
 #define AT_PARSE_PRIORITY_MAX 10
 const char *at_parse_priority(apr_pool_t *p, const char *n, const char *opt,
                               int *priority, apr_int64_t *timeout_us);
+
+/* Every ThrottleZone key that at_parse_zone_args() takes, with its syntax,
+ * in the order the usage string gives them: the parsers' table, the usage
+ * string and the list of keys in error messages are all made from this
+ * one list. key=EXPR is the module's (an ap_expr), taken out before. */
+#define AT_ZONE_KEYS(X)                                                  \
+    X(limit, " limit=N|auto")                                            \
+    X(min, " [min=N]")                                                   \
+    X(max, " [max=N]")                                                   \
+    X(queue, " [queue=N]")                                               \
+    X(timeout, " [timeout=DURATION]")                                    \
+    X(per_client, " [per_client=N")                                      \
+    X(per_client_v6, " [per_client_v6=/N]]")                             \
+    X(per_key, " [per_key=N key=EXPR]")                                  \
+    X(rate, " [rate=R/s|R/m[:BURST]")                                    \
+    X(rate_delay, " [rate_delay=N] [key=EXPR]]")                         \
+    X(mem, " [mem=SIZE]")                                                \
+    X(read_body, " [read_body=SIZE]")                                    \
+    X(reserve, " [reserve=N]")                                           \
+    X(codel, " [codel=TARGET[:INTERVAL]")                                \
+    X(order, " [order=fifo|lifo]]")                                      \
+    X(retry_after, " [retry_after=SECONDS|auto]")                        \
+    X(retry_after_max, " [retry_after_max=SECONDS]")                     \
+    X(status, " [status=503|429]")                                       \
+    X(dry_run, " [dry_run=on|off]")
+
+#define AT_ZONE_KEY_SYNTAX(name, syntax) syntax
+/* " limit=N|auto [min=N] …": what follows ThrottleZone NAME */
+#define AT_ZONE_USAGE AT_ZONE_KEYS(AT_ZONE_KEY_SYNTAX)
 
 /* argv holds the key=value words after the zone name. */
 const char *at_parse_zone_args(apr_pool_t *p, int argc,

@@ -315,7 +315,7 @@ static const char *parse_retry_after_max(apr_pool_t *p, const char *v, at_zone_c
 }
 
 /* "/64" or "64". */
-static const char *parse_v6_prefix(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+static const char *parse_per_client_v6(apr_pool_t *p, const char *v, at_zone_conf_t *c)
 {
     apr_uint64_t n;
     const char *err = at_parse_uint(p, *v == '/' ? v + 1 : v, AT_CLIENT_V6_PREFIX_MIN, 128, &n);
@@ -403,35 +403,16 @@ static const char *parse_codel(apr_pool_t *p, const char *v, at_zone_conf_t *c)
                : NULL;
 }
 
+/* The table, in the order of the directive's usage string (AT_ZONE_KEYS). */
+#define AT_ZONE_KEY_ENTRY(name, syntax) {#name, parse_##name},
 static const struct {
     const char *name;
     key_parser parse;
-} zone_keys[] = {
-    {"limit", parse_limit},
-    {"queue", parse_queue},
-    {"timeout", parse_timeout},
-    {"retry_after", parse_retry_after},
-    {"dry_run", parse_dry_run},
-    {"per_client", parse_per_client},
-    {"min", parse_min},
-    {"max", parse_max},
-    {"mem", parse_mem},
-    {"read_body", parse_read_body},
-    {"retry_after_max", parse_retry_after_max},
-    {"per_client_v6", parse_v6_prefix},
-    {"status", parse_status},
-    {"reserve", parse_reserve},
-    {"codel", parse_codel},
-    {"per_key", parse_per_key},
-    {"order", parse_order},
-    {"rate", parse_rate},
-    {"rate_delay", parse_rate_delay},
-};
+} zone_keys[] = {AT_ZONE_KEYS(AT_ZONE_KEY_ENTRY)};
 
-#define KEY_LIST                                                                         \
-    "limit, queue, timeout, retry_after, dry_run, per_client, min, max, mem, "           \
-    "read_body, retry_after_max, per_client_v6, status, reserve, codel, per_key, key, order, " \
-    "rate, rate_delay"
+/* "limit, min, …, key": every key, for the messages below */
+#define AT_ZONE_KEY_NAME(name, syntax) #name ", "
+#define KEY_LIST AT_ZONE_KEYS(AT_ZONE_KEY_NAME) "key"
 
 #define NKEYS (sizeof(zone_keys) / sizeof(zone_keys[0]))
 
@@ -463,6 +444,7 @@ static const char *bound_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
     apr_uint64_t start, top;
 
     if (!c->limit_auto) {
+        c->max_from = AT_MAX_FIXED;
         return c->limit_min || c->limit_max ? "the keys 'min' and 'max' go with limit=auto"
                                             : NULL;
     }
@@ -498,6 +480,7 @@ const char *at_max_from_name(apr_uint32_t from)
     switch (from) {
     case AT_MAX_GIVEN: return "max=";
     case AT_MAX_FROM_CPUS: return "cpus";
+    case AT_MAX_FIXED: return "limit=";
     default: return "workers";
     }
 }
@@ -564,7 +547,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
             return apr_psprintf(p, "key '%s' has a bad value: %s", key, err);
         }
     }
-    if (!seen[0]) {
+    if (!seen[key_index("limit")]) {
         return "the key 'limit' is required (e.g. limit=4 or limit=auto)";
     }
     if (seen[key_index("retry_after_max")] && c.retry_after != AT_RETRY_AFTER_AUTO) {
@@ -604,7 +587,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
         return "codel's target must be shorter than the timeout: it cuts waits "
                "short of the timeout while the queue stands";
     }
-    if (!seen[1]) {
+    if (!seen[key_index("queue")]) {
         apr_uint64_t q = (apr_uint64_t)c.limit * 10;
         c.queue = (apr_uint32_t)(q > AT_QUEUE_MAX ? AT_QUEUE_MAX : q);
         c.queue_default = 1;

@@ -347,12 +347,7 @@ apr_array_header_t *at_defined_zones(apr_pool_t *p)
 
 const command_rec at_throttle_cmds[] = {
     AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
-                      "ThrottleZone NAME limit=N|auto [min=N] [max=N] [queue=N] "
-                      "[timeout=DURATION] [retry_after=SECONDS|auto] [dry_run=on|off] "
-                      "[per_client=N [per_client_v6=/64] | per_key=N key=EXPR] "
-                      "[mem=SIZE] [read_body=SIZE] "
-                      "[retry_after_max=SECONDS] [status=503|429] [reserve=N] "
-                      "[codel=TARGET[:INTERVAL] [order=fifo|lifo]]: a shared cap and queue"),
+                      "ThrottleZone NAME" AT_ZONE_USAGE ": a shared cap and queue"),
     AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
                   "Throttle NAME|off: requests here use zone NAME, or none"),
     AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
