@@ -1241,6 +1241,90 @@ static void test_predicted_wait_refused_at_once(void **state)
     zone_free(z);
 }
 
+/* Sends SIGCONT to a stopped lock holder when told, or after 3 s as a hang
+ * guard; notes whether it did so before it was told. */
+typedef struct {
+    pid_t holder;
+    int go, early;
+} guard_arg_t;
+
+static void *cont_when_told(void *arg)
+{
+    guard_arg_t *g = arg;
+    int i;
+
+    for (i = 0; i < 3000 && !__atomic_load_n(&g->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    __atomic_store_n(&g->early, i == 3000, __ATOMIC_SEQ_CST);
+    kill(g->holder, SIGCONT);
+    return NULL;
+}
+
+/* The figures read under the lock, tried for up to 10 s (25 glances). */
+static at_zone_stats_t fresh_stats_of(at_zone_t *z)
+{
+    at_zone_stats_t s = stats_of(z);
+
+    for (int i = 0; i < 25 && s.stale; i++) {
+        s = stats_of(z);
+    }
+    return s;
+}
+
+/* A dry run's request over the cap is done while a stopped process holds
+ * the lock: one without a record takes no lock at all, one with a record
+ * returns without the lock (while the holder is still stopped) and the
+ * next holder frees its record. */
+static void test_dry_run_release_while_lock_held(void **state)
+{
+    at_zone_conf_t c = {.limit = 1, .queue = 1, .timeout_us = 300 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .dry_run = 1};
+    at_zone_t *z = zone_new_conf(&c);
+    at_ticket_t t[64];
+    int n, rec = -1, norec = -1;
+    apr_uint32_t over, locks;
+    at_zone_stats_t after;
+    guard_arg_t g = {0, 0, 0};
+    pthread_t th;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED);
+    for (n = 1; n < 64 && norec < 0; n++) {
+        at_result_t r = at_zone_acquire(z, &t[n], NULL, NULL);
+
+        assert_true(r == AT_DRY_RUN_QUEUED || r == AT_DRY_RUN_REJECTED);
+        rec = rec < 0 && t[n].over_cap > 0 ? n : rec;
+        norec = t[n].over_cap < 0 ? n : norec;
+    }
+    assert_true(rec > 0 && norec > 0);
+    over = stats_of(z).over_cap;
+
+    g.holder = fork_stopped_lock_holder(z);
+    pthread_create(&th, NULL, cont_when_told, &g);
+    locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST);
+    at_zone_release(z, &t[norec]);
+    locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST) - locks;
+    at_zone_release(z, &t[rec]);
+    __atomic_store_n(&g.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    /* the holder let go: the next holder frees the record */
+    after = fresh_stats_of(z);
+    kill(g.holder, SIGKILL);
+    waitpid(g.holder, NULL, 0);
+    assert_int_equal(locks, 0);
+    assert_false(g.early); /* both returned while the holder was stopped */
+    assert_int_equal(after.stale, 0);
+    assert_int_equal(after.over_cap, over - 1);
+
+    for (int i = 0; i < n; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    assert_int_equal(stats_of(z).over_cap, 0);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1274,6 +1358,7 @@ int main(void)
         cmocka_unit_test(test_auto_windows_span_two_services),
         cmocka_unit_test(test_auto_windows_lengthen_at_the_top),
         cmocka_unit_test(test_predicted_wait_refused_at_once),
+        cmocka_unit_test(test_dry_run_release_while_lock_held),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
