@@ -294,12 +294,14 @@ static void ticket_clear(at_ticket_t *t, int untimed)
 }
 
 /* Refused before waiting: counted in total, for its priority, for limit=auto
- * and for retry_after=auto (unless only the share of its client or key was
- * over). */
+ * and for retry_after=auto, unless only the share of its client or key was
+ * over (per_client, per_key, rate=): one abusive client or key must not
+ * make the zone look saturated, nor lengthen everyone's Retry-After. */
 static at_result_t refuse_newcomer(at_zone_t *z, const at_request_t *rq, at_result_t why,
                                    apr_uint64_t *counter, apr_int64_t now)
 {
-    int share = why == AT_REJECTED_CLIENT || why == AT_REJECTED_KEY;
+    int share =
+        why == AT_REJECTED_CLIENT || why == AT_REJECTED_KEY || why == AT_REJECTED_RATE;
 
     (*counter)++;
     zone_count_refusal(z, rq->priority, now, !share);
