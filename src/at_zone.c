@@ -163,6 +163,7 @@ void zone_dispatch(at_zone_t *z)
         __atomic_thread_fence(__ATOMIC_RELEASE);
         AT_STEP(AT_STEP_DISPATCH, 4);
         if (!zone_leave_waiting(&w[i], W_GRANTED)) {
+            AT_STEP(AT_STEP_DISPATCH, 6);
             zone_slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
             continue;
         }

@@ -71,8 +71,29 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
     zone_wake_word(&w->wake);
 }
 
+/* A hand-off to a waiter that left without the lock (W_LEFT), or was seen
+ * to have left (W_GONE): the waiter was told it was refused, so a slot
+ * already filled in its name goes back (the free list is rebuilt after). */
+static void undo_handoff(at_zone_t *z, apr_int32_t wi)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+    at_slot_t *s;
+
+    if (w->slot < 0 || (apr_uint32_t)w->slot >= z->nslots) {
+        return;
+    }
+    s = &slots(z)[w->slot];
+    if (s->owner.pid != 0 && s->ticket == w->ticket && at_owner_same(&s->owner, &w->owner)) {
+        s->owner.pid = 0;
+        s->ticket = 0;
+        s->released = 0;
+    }
+    w->slot = NONE;
+}
+
 /* A process died holding the lock: rebuild everything derived from the
- * records, finishing any hand-off that had got as far as naming its slot. */
+ * records, finishing any hand-off that had got as far as naming its slot,
+ * and undoing one whose waiter had left. */
 static void zone_repair(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -84,6 +105,9 @@ static void zone_repair(at_zone_t *z)
     for (i = 0; i < z->nwaiters; i++) {
         if (w[i].state == W_WAITING && w[i].slot != NONE) {
             complete_handoff(z, (apr_int32_t)i, now);
+        }
+        else if ((w[i].state == W_LEFT || w[i].state == W_GONE) && w[i].slot != NONE) {
+            undo_handoff(z, (apr_int32_t)i);
         }
     }
     zone_rebuild_free_slots(z);

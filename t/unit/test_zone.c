@@ -1325,6 +1325,112 @@ static void test_dry_run_release_while_lock_held(void **state)
     zone_free(z);
 }
 
+/* The releaser's step hook for a hand-off to a waiter that left: at its
+ * first step it waits (holding the lock) until told that the waiter gave
+ * up without the lock, then dies at the step under test. */
+static int left_fd = -1;
+
+static void wait_for_leaver_then_die(int where, int step)
+{
+    static int told;
+    char ch;
+
+    if (!told) {
+        told = 1;
+        if (read(left_fd, &ch, 1) != 1) {
+            _exit(2);
+        }
+    }
+    die_here(where, step);
+}
+
+/* A hand-off whose waiter gave up without the lock (its deadline passed
+ * while the releaser held it) and whose releaser then died at a step of
+ * it: the slot goes back, though the waiter's process lives on. */
+static void handoff_to_leaver_interrupted_at(int where, int step)
+{
+    at_zone_t *z = zone_new(1, 4, 2000 * MS);
+    int go[2], res[2], left[2], status, reached, admitted, full;
+    char ch, got;
+    pid_t releaser, waiter;
+    at_ticket_t t[2];
+    at_zone_stats_t s;
+
+    assert_non_null(z);
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(res), 0);
+    assert_int_equal(pipe(left), 0);
+    releaser = fork();
+    if (releaser == 0) {
+        at_ticket_t mine;
+        if (at_zone_acquire(z, &mine, NULL, NULL) != AT_ADMITTED
+            || write(res[1], "r", 1) != 1 || read(go[0], &ch, 1) != 1) {
+            _exit(2);
+        }
+        die_where = where;
+        die_step = step;
+        left_fd = left[0];
+        at_test_step_hook = wait_for_leaver_then_die;
+        at_zone_release(z, &mine);
+        _exit(1); /* the step was never reached */
+    }
+    assert_int_equal(read(res[0], &ch, 1), 1);
+    waiter = fork();
+    if (waiter == 0) {
+        at_ticket_t mine;
+        char r = at_zone_acquire(z, &mine, NULL, NULL) == AT_REJECTED_LOCKED ? 'l' : 'x';
+        if (write(res[1], &r, 1) != 1) {
+            _exit(2);
+        }
+        pause(); /* alive: nothing of its can be reclaimed */
+        _exit(0);
+    }
+    wait_until_queued(z, 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    assert_int_equal(read(res[0], &got, 1), 1);
+    assert_int_equal(write(left[1], "l", 1), 1);
+    assert_int_equal(waitpid(releaser, &status, 0), releaser);
+    reached = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+
+    s = stats_of(z);
+    admitted = at_zone_acquire_now(z, &t[0]) == AT_ADMITTED;
+    full = at_zone_acquire_now(z, &t[1]) == AT_REJECTED_FULL; /* the cap, exactly */
+    at_zone_release(z, &t[0]);
+    kill(waiter, SIGKILL);
+    waitpid(waiter, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        close(go[i]);
+        close(res[i]);
+        close(left[i]);
+    }
+    zone_free(z);
+
+    if (!reached) {
+        fail_msg("step %d.%d was never reached", where, step);
+    }
+    if (got != 'l') {
+        fail_msg("step %d.%d: the waiter did not leave without the lock", where, step);
+    }
+    if (s.active != 0 || s.queued != 0 || !admitted || !full) {
+        fail_msg("step %d.%d: the slot leaked (active %u, queued %u, next admitted %d)",
+                 where, step, s.active, s.queued, admitted);
+    }
+    assert_int_equal(s.counters.lock_repairs, 1);
+}
+
+static void test_death_in_a_handoff_to_a_waiter_that_left(void **state)
+{
+    (void)state;
+    for (int step = 1; step <= 6; step++) {
+        if (step != 5) { /* the grant: not made to a waiter that left */
+            handoff_to_leaver_interrupted_at(AT_STEP_DISPATCH, step);
+        }
+    }
+    for (int step = 1; step <= 3; step++) {
+        handoff_to_leaver_interrupted_at(AT_STEP_SLOT_FILL, step);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1359,6 +1465,7 @@ int main(void)
         cmocka_unit_test(test_auto_windows_lengthen_at_the_top),
         cmocka_unit_test(test_predicted_wait_refused_at_once),
         cmocka_unit_test(test_dry_run_release_while_lock_held),
+        cmocka_unit_test(test_death_in_a_handoff_to_a_waiter_that_left),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
