@@ -619,6 +619,7 @@ static int release_lock(at_zone_t *z, at_ticket_t *t)
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
     apr_int64_t service = -1, now;
+    window_note_t note = {0};
     at_slot_t *s;
     mem_read_t m;
 
@@ -645,11 +646,12 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         zone_slot_put(z, t->slot);
         if (!t->untimed) { /* an error page's time is not the zone's work */
             zone_record_service(z, service, now);
-            zone_window_add_completion(z, service, now);
+            zone_window_add_completion(z, service, now, &note);
         }
         zone_dispatch(z);
     }
     zone_unlock_after_mem(z, &m);
+    zone_log_window(z, &note);
     t->slot = NONE;
     return service;
 }

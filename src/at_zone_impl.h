@@ -215,7 +215,17 @@ void zone_count_refusal(at_zone_t *z, int priority, apr_int64_t now, int schedul
 void zone_count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int64_t now);
 void zone_record_wait(at_zone_t *z, apr_int64_t us, apr_int64_t now);
 void zone_record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now);
-void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now);
+/* limit=auto: what a window judged under the lock showed, logged once the
+ * lock is let go (a stalled logger must not stall the zone). */
+typedef struct {
+    int judged, changed;
+    at_window_t w;
+    apr_uint32_t limit, next;
+} window_note_t;
+void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now,
+                                window_note_t *note);
+/* Without the lock. */
+void zone_log_window(const at_zone_t *z, const window_note_t *note);
 
 /* at_zone_reclaim.c: giving back what dead processes held */
 apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);

@@ -166,6 +166,23 @@ static apr_int64_t clock_ns(void)
 #define NOTE_LOCK_LET_GO() ((void)0)
 #endif
 
+/* A repair made by this thread, logged once the lock is let go: a stalled
+ * logger must not stall the zone. */
+static __thread struct {
+    const at_zone_t *z;
+    apr_uint32_t active, queued;
+} repaired;
+
+static void log_repair_after_unlock(void)
+{
+    if (repaired.z) {
+        at_log(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
+               "rebuilt (active %u, queued %u)", repaired.z->name, repaired.active,
+               repaired.queued);
+        repaired.z = NULL;
+    }
+}
+
 static int zone_lock_result(at_zone_t *z, int rc)
 {
     if (rc == 0 || rc == EOWNERDEAD) {
@@ -174,8 +191,9 @@ static int zone_lock_result(at_zone_t *z, int rc)
     if (rc == EOWNERDEAD) {
         zone_repair(z);
         pthread_mutex_consistent(&z->lock);
-        at_log(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
-             "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
+        repaired.z = z;
+        repaired.active = z->active;
+        repaired.queued = z->queued;
         return 0;
     }
     if (rc != 0 && rc != EBUSY && rc != ETIMEDOUT) {
@@ -289,6 +307,7 @@ void zone_unlock(at_zone_t *z)
     NOTE_LOCK_LET_GO();
     pthread_mutex_unlock(&z->lock);
     zone_send_wakes();
+    log_repair_after_unlock();
 }
 
 /* The lock could not be had in time (ETIMEDOUT), or not at all. Counted

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <syslog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1431,6 +1432,105 @@ static void test_death_in_a_handoff_to_a_waiter_that_left(void **state)
     }
 }
 
+/* A logger that stalls (a piped logger that stopped reading) on its first
+ * line of a level at least as verbose as stall_level, until a check made
+ * meanwhile from another thread is done (or 5 s, a hang guard): the
+ * check reads the zone's status, which is stale if the stalled line was
+ * written with the zone's lock held. */
+typedef struct {
+    at_zone_t *z;
+    int stall_level;
+    int entered, checked, stale;
+} stall_t;
+
+static stall_t stall;
+
+static void stalling_logger(int level, const char *msg)
+{
+    (void)msg;
+    if (level < stall.stall_level
+        || __atomic_exchange_n(&stall.entered, 1, __ATOMIC_SEQ_CST)) {
+        return;
+    }
+    for (int i = 0; i < 5000 && !__atomic_load_n(&stall.checked, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+}
+
+static void *check_while_stalled(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST)) {
+        usleep(1000);
+    }
+    __atomic_store_n(&stall.stale, stats_of(stall.z).stale, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&stall.checked, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void stall_start(at_zone_t *z, int level, pthread_t *th)
+{
+    stall = (stall_t){.z = z, .stall_level = level};
+    at_set_logger(stalling_logger);
+    pthread_create(th, NULL, check_while_stalled, NULL);
+}
+
+/* Lets the checker go if nothing was logged, and says whether the zone's
+ * lock was free while the logger stalled. */
+static int stall_end_lock_was_free(pthread_t th)
+{
+    int logged = __atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST);
+
+    __atomic_store_n(&stall.entered, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    at_set_logger(NULL);
+    assert_true(logged);
+    return !stall.stale;
+}
+
+/* limit=auto logs each window it judges (trace1) and each change of its
+ * limit (debug): a stalled logger must not stall the zone. */
+static void test_windows_are_logged_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_auto(1, 4, 2, 10000 * MS);
+    pthread_t th;
+    (void)state;
+
+    stall_start(z, AT_LOG_TRACE1, &th);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST); i++) {
+        at_ticket_t t;
+
+        assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+        usleep(2 * MS);
+        at_zone_release(z, &t);
+    }
+    assert_true(stall_end_lock_was_free(th));
+    zone_free(z);
+}
+
+/* The warning that a process died holding the lock, and what repair
+ * rebuilt, is written once the lock is let go. */
+static void test_repair_is_logged_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_new(2, 2, 1000 * MS);
+    at_ticket_t t;
+    pthread_t th;
+    pid_t pid;
+    (void)state;
+
+    if ((pid = fork()) == 0) {
+        at_zone_debug_take_lock(z);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    stall_start(z, LOG_WARNING, &th);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    assert_true(stall_end_lock_was_free(th));
+    at_zone_release(z, &t);
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1466,6 +1566,8 @@ int main(void)
         cmocka_unit_test(test_predicted_wait_refused_at_once),
         cmocka_unit_test(test_dry_run_release_while_lock_held),
         cmocka_unit_test(test_death_in_a_handoff_to_a_waiter_that_left),
+        cmocka_unit_test(test_windows_are_logged_without_the_lock),
+        cmocka_unit_test(test_repair_is_logged_without_the_lock),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
