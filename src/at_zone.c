@@ -163,6 +163,7 @@ void zone_dispatch(at_zone_t *z)
         __atomic_thread_fence(__ATOMIC_RELEASE);
         AT_STEP(AT_STEP_DISPATCH, 4);
         if (!zone_leave_waiting(&w[i], W_GRANTED)) {
+            AT_STEP(AT_STEP_DISPATCH, 6);
             zone_slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
             continue;
         }
@@ -227,20 +228,39 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
     return AT_DRY_RUN_REJECTED;
 }
 
-/* Lock held: gives back what run_over_cap took, unless a reclaim has. */
+static int over_cap_record_is(const at_waiter_t *w, const at_ticket_t *t)
+{
+    return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_OVER_CAP
+           && w->ticket == t->ticket && at_owner_same(&w->owner, at_owner_self());
+}
+
+/* Gives back what run_over_cap took, unless a reclaim has: a request with
+ * no record has nothing to give back and takes no lock. One that cannot
+ * get the lock in a moment marks its record ended, and the next holder
+ * frees it (a reclaim cannot take it meanwhile: its owner is alive). */
 static void end_over_cap(at_zone_t *z, at_ticket_t *t)
 {
+    apr_int32_t wi = t->over_cap - 1, st = W_OVER_CAP;
     at_waiter_t *w;
+    int rc;
 
-    if (t->over_cap > 0 && (apr_uint32_t)t->over_cap <= z->nwaiters) {
-        w = &waiters(z)[t->over_cap - 1];
-        if (w->state == W_OVER_CAP && w->ticket == t->ticket
-            && at_owner_same(&w->owner, at_owner_self())) {
-            zone_waiter_free(z, t->over_cap - 1);
+    t->over_cap = 0;
+    if (wi < 0 || (apr_uint32_t)wi >= z->nwaiters) {
+        return;
+    }
+    w = &waiters(z)[wi];
+    if ((rc = zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US)) == 0) {
+        if (over_cap_record_is(w, t)) {
+            zone_waiter_free(z, wi);
             z->over_cap--;
         }
+        zone_unlock(z);
     }
-    t->over_cap = 0;
+    else if (rc == ETIMEDOUT && over_cap_record_is(w, t)
+             && __atomic_compare_exchange_n(&w->state, &st, W_OVER_ENDED, 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
+    }
 }
 
 void at_zone_key_from_text(const at_zone_t *z, const char *text, apr_size_t n,
@@ -275,12 +295,14 @@ static void ticket_clear(at_ticket_t *t, int untimed)
 }
 
 /* Refused before waiting: counted in total, for its priority, for limit=auto
- * and for retry_after=auto (unless only the share of its client or key was
- * over). */
+ * and for retry_after=auto, unless only the share of its client or key was
+ * over (per_client, per_key, rate=): one abusive client or key must not
+ * make the zone look saturated, nor lengthen everyone's Retry-After. */
 static at_result_t refuse_newcomer(at_zone_t *z, const at_request_t *rq, at_result_t why,
                                    apr_uint64_t *counter, apr_int64_t now)
 {
-    int share = why == AT_REJECTED_CLIENT || why == AT_REJECTED_KEY;
+    int share =
+        why == AT_REJECTED_CLIENT || why == AT_REJECTED_KEY || why == AT_REJECTED_RATE;
 
     (*counter)++;
     zone_count_refusal(z, rq->priority, now, !share);
@@ -597,22 +619,22 @@ static int release_lock(at_zone_t *z, at_ticket_t *t)
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
 {
     apr_int64_t service = -1, now;
+    window_note_t note = {0};
     at_slot_t *s;
     mem_read_t m;
 
-    if (t->slot == NONE && !t->over_cap) {
+    if (t->over_cap) {
+        end_over_cap(z, t);
+        return -1;
+    }
+    if (t->slot == NONE) {
         return -1;
     }
     zone_mem_read_before_lock(z, &m);
-    if (t->over_cap ? zone_lock(z) != 0 : release_lock(z, t) != 0) {
+    if (release_lock(z, t) != 0) {
         return -1;
     }
     zone_mem_apply_locked(z, &m);
-    if (t->over_cap) {
-        end_over_cap(z, t);
-        zone_unlock_after_mem(z, &m);
-        return -1;
-    }
     s = &slots(z)[t->slot];
     /* The ticket tells our grant from a later one after a reclaim. */
     if (s->owner.pid != 0 && s->ticket == t->ticket) {
@@ -624,11 +646,12 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
         zone_slot_put(z, t->slot);
         if (!t->untimed) { /* an error page's time is not the zone's work */
             zone_record_service(z, service, now);
-            zone_window_add_completion(z, service, now);
+            zone_window_add_completion(z, service, now, &note);
         }
         zone_dispatch(z);
     }
     zone_unlock_after_mem(z, &m);
+    zone_log_window(z, &note);
     t->slot = NONE;
     return service;
 }

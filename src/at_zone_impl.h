@@ -30,7 +30,8 @@
  * was still in the queue), W_GONE (out of the queue: evicted, or granted
  * and its slot taken, W_TAKEN); the next holder of the lock tidies them. */
 enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED, W_OVER_CAP, W_LEFT, W_GONE, W_TAKEN,
-       W_DROP /* granted, but its waiter's client had gone: the slot goes back */ };
+       W_DROP, /* granted, but its waiter's client had gone: the slot goes back */
+       W_OVER_ENDED /* W_OVER_CAP, ended without the lock: its count goes back */ };
 
 typedef struct {
     at_owner_t owner;       /* pid 0: free */
@@ -201,7 +202,6 @@ apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority);
 void zone_dispatch(at_zone_t *z);
 
 /* at_zone_lock.c: the lock, its repair, and catching up on it */
-int zone_lock(at_zone_t *z);
 int zone_trylock(at_zone_t *z);
 int zone_lock_until(at_zone_t *z, apr_int64_t until_us);
 void zone_unlock(at_zone_t *z);
@@ -215,7 +215,17 @@ void zone_count_refusal(at_zone_t *z, int priority, apr_int64_t now, int schedul
 void zone_count_grant(at_zone_t *z, int priority, apr_int64_t wait_us, apr_int64_t now);
 void zone_record_wait(at_zone_t *z, apr_int64_t us, apr_int64_t now);
 void zone_record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now);
-void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now);
+/* limit=auto: what a window judged under the lock showed, logged once the
+ * lock is let go (a stalled logger must not stall the zone). */
+typedef struct {
+    int judged, changed;
+    at_window_t w;
+    apr_uint32_t limit, next;
+} window_note_t;
+void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now,
+                                window_note_t *note);
+/* Without the lock. */
+void zone_log_window(const at_zone_t *z, const window_note_t *note);
 
 /* at_zone_reclaim.c: giving back what dead processes held */
 apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);

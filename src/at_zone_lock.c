@@ -71,8 +71,29 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
     zone_wake_word(&w->wake);
 }
 
+/* A hand-off to a waiter that left without the lock (W_LEFT), or was seen
+ * to have left (W_GONE): the waiter was told it was refused, so a slot
+ * already filled in its name goes back (the free list is rebuilt after). */
+static void undo_handoff(at_zone_t *z, apr_int32_t wi)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+    at_slot_t *s;
+
+    if (w->slot < 0 || (apr_uint32_t)w->slot >= z->nslots) {
+        return;
+    }
+    s = &slots(z)[w->slot];
+    if (s->owner.pid != 0 && s->ticket == w->ticket && at_owner_same(&s->owner, &w->owner)) {
+        s->owner.pid = 0;
+        s->ticket = 0;
+        s->released = 0;
+    }
+    w->slot = NONE;
+}
+
 /* A process died holding the lock: rebuild everything derived from the
- * records, finishing any hand-off that had got as far as naming its slot. */
+ * records, finishing any hand-off that had got as far as naming its slot,
+ * and undoing one whose waiter had left. */
 static void zone_repair(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -84,6 +105,9 @@ static void zone_repair(at_zone_t *z)
     for (i = 0; i < z->nwaiters; i++) {
         if (w[i].state == W_WAITING && w[i].slot != NONE) {
             complete_handoff(z, (apr_int32_t)i, now);
+        }
+        else if ((w[i].state == W_LEFT || w[i].state == W_GONE) && w[i].slot != NONE) {
+            undo_handoff(z, (apr_int32_t)i);
         }
     }
     zone_rebuild_free_slots(z);
@@ -102,8 +126,8 @@ static void zone_repair(at_zone_t *z)
         else if (w[i].state == W_FREE) {
             zone_waiter_free(z, (apr_int32_t)i);
         }
-        else if (w[i].state == W_OVER_CAP) {
-            z->over_cap++;
+        else if (w[i].state == W_OVER_CAP || w[i].state == W_OVER_ENDED) {
+            z->over_cap++; /* an ended one's count goes back at the tidy */
         }
         else if (w[i].state == W_LEFT) {
             w[i].state = W_GONE; /* the queue is rebuilt without it */
@@ -114,6 +138,9 @@ static void zone_repair(at_zone_t *z)
         zone_queue_push(z, waiting);
     }
     zone_recount_clients(z);
+    /* the tidy that follows frees what was left without the lock, though
+     * the dead holder may have cleared the mark in the middle of its own */
+    __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
     z->counters.lock_repairs++;
     zone_dispatch(z);
 }
@@ -139,6 +166,23 @@ static apr_int64_t clock_ns(void)
 #define NOTE_LOCK_LET_GO() ((void)0)
 #endif
 
+/* A repair made by this thread, logged once the lock is let go: a stalled
+ * logger must not stall the zone. */
+static __thread struct {
+    const at_zone_t *z;
+    apr_uint32_t active, queued;
+} repaired;
+
+static void log_repair_after_unlock(void)
+{
+    if (repaired.z) {
+        at_log(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
+               "rebuilt (active %u, queued %u)", repaired.z->name, repaired.active,
+               repaired.queued);
+        repaired.z = NULL;
+    }
+}
+
 static int zone_lock_result(at_zone_t *z, int rc)
 {
     if (rc == 0 || rc == EOWNERDEAD) {
@@ -147,8 +191,9 @@ static int zone_lock_result(at_zone_t *z, int rc)
     if (rc == EOWNERDEAD) {
         zone_repair(z);
         pthread_mutex_consistent(&z->lock);
-        at_log(LOG_WARNING, "zone %s: a process died holding the lock; zone state "
-             "rebuilt (active %u, queued %u)", z->name, z->active, z->queued);
+        repaired.z = z;
+        repaired.active = z->active;
+        repaired.queued = z->queued;
         return 0;
     }
     if (rc != 0 && rc != EBUSY && rc != ETIMEDOUT) {
@@ -184,6 +229,9 @@ static void tidy_left(at_zone_t *z)
             zone_slot_put(z, w[i].slot);
             z->counters.aborted++;
         }
+        else if (st == W_OVER_ENDED) {
+            z->over_cap--;
+        }
         else if (st != W_GONE) {
             continue;
         }
@@ -213,12 +261,6 @@ apr_uint32_t at_test_lock_count;
 #else
 #define COUNT_LOCK() ((void)0)
 #endif
-
-int zone_lock(at_zone_t *z)
-{
-    COUNT_LOCK();
-    return catch_up_on_lock(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
-}
 
 /* For the server's parent, which must never wait on a child: EBUSY if the
  * lock is held (by a process that may be stopped or hung). */
@@ -265,6 +307,7 @@ void zone_unlock(at_zone_t *z)
     NOTE_LOCK_LET_GO();
     pthread_mutex_unlock(&z->lock);
     zone_send_wakes();
+    log_repair_after_unlock();
 }
 
 /* The lock could not be had in time (ETIMEDOUT), or not at all. Counted
@@ -279,9 +322,12 @@ at_result_t zone_lock_refusal(at_zone_t *z, int rc)
 }
 
 #ifdef AT_TEST_HOOKS
+/* The one wait for the lock with no bound: tests only. */
 apr_status_t at_zone_debug_take_lock(at_zone_t *z)
 {
-    return zone_lock(z) == 0 ? APR_SUCCESS : APR_EGENERAL;
+    int rc = catch_up_on_lock(z, zone_lock_result(z, pthread_mutex_lock(&z->lock)));
+
+    return rc == 0 ? APR_SUCCESS : APR_EGENERAL;
 }
 
 void at_zone_debug_release_lock(at_zone_t *z)

@@ -67,7 +67,7 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
         if (w[i].state == W_WAITING || w[i].state == W_LEFT) {
             zone_waiter_leave_queue(z, (apr_int32_t)i);
         }
-        else if (w[i].state == W_OVER_CAP) {
+        else if (w[i].state == W_OVER_CAP || w[i].state == W_OVER_ENDED) {
             z->over_cap--;
         }
         /* A granted place's slot has the same dead owner: freed below. */

@@ -114,19 +114,10 @@ void zone_record_service(at_zone_t *z, apr_int64_t us, apr_int64_t now)
     z->typical_service_us = at_typical_service_after(z->typical_service_us, us);
 }
 
-/* What the controller is given, for LogLevel adaptive_throttle:trace1:
- * with it, a limit that wanders can be told from one that follows noise. */
-static void log_window(const at_zone_t *z, const at_window_t *w)
-{
-    at_log(AT_LOG_TRACE1, "zone %s: window of %.2f s at limit %u: %u done, %.1f running, "
-           "service %.1f ms (+-%.1f%%), %.0f%% waiting", z->name, w->secs, z->limit,
-           w->completed, w->inflight, w->service_us / 1000, 100 * w->service_rse,
-           100 * w->limited);
-}
-
 /* limit=auto: the first release after a window is long enough hands the
- * window to the controller; one place, under the lock, for every process. */
-static void maybe_close_window(at_zone_t *z, apr_int64_t now)
+ * window to the controller; one place, under the lock, for every process.
+ * What it saw goes into note, for zone_log_window. */
+static void maybe_close_window(at_zone_t *z, apr_int64_t now, window_note_t *note)
 {
     at_window_t w;
     apr_uint32_t next;
@@ -135,25 +126,48 @@ static void maybe_close_window(at_zone_t *z, apr_int64_t now)
     if (!at_sensor_window(&z->sensor, &z->ctl, z->service_ewma_us, now, &w)) {
         return;
     }
-    log_window(z, &w);
+    note->judged = 1;
+    note->w = w;
+    note->limit = z->limit;
     if (!at_limit_update(&z->ctl, &w)) {
         at_sensor_reset(&z->sensor, now);
         return;
     }
     next = at_limit_value(&z->ctl);
-    at_log(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
-           "window with requests waiting)", z->name, z->limit, next, w.inflight,
-           w.completed / w.secs, 100 * w.limited);
+    note->changed = 1;
+    note->next = next;
     at_sensor_reset(&z->sensor, now + at_sensor_settling_us(z->limit, next, z->service_ewma_us));
     z->limit = next;
 }
 
 /* limit=auto: a completed request counts in the current window. */
-void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now)
+void zone_window_add_completion(at_zone_t *z, apr_int64_t service, apr_int64_t now,
+                                window_note_t *note)
 {
     if (z->limit_auto) {
         at_sensor_completed(&z->sensor, service, now);
-        maybe_close_window(z, now);
+        maybe_close_window(z, now, note);
+    }
+}
+
+/* What the controller was given, for LogLevel adaptive_throttle:trace1:
+ * with it, a limit that wanders can be told from one that follows noise;
+ * and at debug, a change of the limit. */
+void zone_log_window(const at_zone_t *z, const window_note_t *note)
+{
+    const at_window_t *w = &note->w;
+
+    if (!note->judged) {
+        return;
+    }
+    at_log(AT_LOG_TRACE1, "zone %s: window of %.2f s at limit %u: %u done, %.1f running, "
+           "service %.1f ms (+-%.1f%%), %.0f%% waiting", z->name, w->secs, note->limit,
+           w->completed, w->inflight, w->service_us / 1000, 100 * w->service_rse,
+           100 * w->limited);
+    if (note->changed) {
+        at_log(LOG_DEBUG, "zone %s: limit %u -> %u (%.1f running, %.0f/s, %.0f%% of the "
+               "window with requests waiting)", z->name, note->limit, note->next,
+               w->inflight, w->completed / w->secs, 100 * w->limited);
     }
 }
 

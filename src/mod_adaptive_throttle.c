@@ -433,10 +433,15 @@ static int throttle_handler(request_rec *r)
     }
     /* A client trickling its body must not hold a slot or a place in the
      * queue while it does; one about to be refused is not asked for it
-     * (no 100 Continue, no upload). A subrequest's body is its request's. */
+     * (no 100 Continue, no upload). A subrequest's body is its request's.
+     * A body that cannot be read is answered by httpd (400, 408, 413), its
+     * error page run from inside the read for a bad chunk: both, and the
+     * log line, see this result. */
+    st->result = "body-failed";
     body_unread = !r->main && ap_request_has_body(r);
     if (body_unread && !at_zone_looks_full(ref->zone, d->priority)) {
         if ((rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
+            export_outcome(r, st);
             return rc;
         }
         body_unread = 0;

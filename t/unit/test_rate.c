@@ -11,9 +11,13 @@
 #include <cmocka.h>
 
 #include <apr_general.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "at_log.h"
 #include "at_rate.h"
+#include "at_retry.h"
 #include "at_zone.h"
 #include "zone_test_util.h"
 
@@ -368,6 +372,136 @@ static void test_zone_dry_run_counts_rate_refusals(void **state)
     zone_free(z);
 }
 
+/* ---- rate= refusals are the key's own share, not the zone's saturation -- */
+
+/* A zone with rate=1/m per key and retry_after=auto (limit=auto too if
+ * asked), in which only the abusive key is ever refused. */
+static at_zone_t *shared_zone(int limit_auto)
+{
+    at_zone_conf_t c;
+    const char *argv[5] = {"queue=8", "rate=1/m", "timeout=10s",
+                           limit_auto ? "limit=auto" : "limit=4", "max=8"};
+
+    assert_null(at_parse_zone_args(pool, limit_auto ? 5 : 4, argv, &c));
+    c.keyed = 1;
+    return zone_new_conf(&c);
+}
+
+/* Refuses one key's requests, n of them, for the rate. */
+static void abuse(at_zone_t *z, const at_client_key_t *k, int n)
+{
+    at_ticket_t t;
+
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(take(z, k, &t), AT_REJECTED_RATE);
+    }
+}
+
+/* One key refused 50 times for the rate in a window of retry_after=auto,
+ * one grant to others: the advice stays at its floor (1 s: no queue), for
+ * every draw of its spread. Counted as the zone's refusals, 50 against 1
+ * doubled it, and a draw of 0.5 - 1.5 x 2 s says 2 or 3 most of the time. */
+static void test_rate_refusals_leave_retry_after_alone(void **state)
+{
+    at_zone_t *z = shared_zone(0);
+    at_client_key_t k;
+    at_ticket_t t;
+    apr_uint32_t most = 0;
+    (void)state;
+
+    at_zone_key_from_text(z, "abuser", 6, &k);
+    assert_int_equal(take(z, &k, &t), AT_ADMITTED); /* opens the window */
+    abuse(z, &k, 50);
+    usleep(AT_RETRY_WINDOW_MIN_US + 100000); /* sleeps run long, never short */
+    assert_int_equal(take(z, NULL, &t), AT_ADMITTED); /* closes it */
+    for (int i = 0; i < 50; i++) {
+        apr_uint32_t r = at_zone_retry_after(z);
+
+        most = r > most ? r : most;
+    }
+    assert_int_equal(stats_of(z).counters.rejected_rate, 50);
+    assert_int_equal(most, 1);
+    zone_free(z);
+}
+
+/* The share of each window limit=auto judged that it saw requests
+ * waiting (1 if one was refused): its trace1 line ends "N% waiting". */
+enum { MAX_WINDOWS = 64 };
+static double window_waiting[MAX_WINDOWS];
+static int windows_seen;
+
+static void capture_waiting(int level, const char *msg)
+{
+    const char *end = strstr(msg, "% waiting"), *p = end;
+
+    if (level != AT_LOG_TRACE1 || !end || windows_seen >= MAX_WINDOWS) {
+        return;
+    }
+    while (p > msg && p[-1] != ' ') {
+        p--;
+    }
+    window_waiting[windows_seen++] = atof(p) / 100;
+}
+
+typedef struct {
+    at_zone_t *z;
+    const at_client_key_t *key;
+    apr_int64_t until_us;
+    int hold_us;
+} load_t;
+
+/* Requests one after another until until_us, each holding its slot
+ * hold_us (0: refused ones, retried after 1 ms). */
+static void *load(void *arg)
+{
+    load_t *l = arg;
+
+    while (at_now_us() < l->until_us) {
+        at_ticket_t t;
+        at_result_t r = at_zone_acquire_for(l->z, &t, l->key, NULL, NULL);
+
+        if (r == AT_ADMITTED || r == AT_QUEUED) {
+            usleep(l->hold_us);
+            at_zone_release(l->z, &t);
+        }
+        else {
+            usleep(1000);
+        }
+    }
+    return NULL;
+}
+
+/* limit=auto with one request at a time of requests without a key, far
+ * below the limit, beside one key refused for the rate every millisecond:
+ * the zone is not saturated, and no window it judges says it was. */
+static void test_rate_refusals_are_not_saturation(void **state)
+{
+    at_zone_t *z = shared_zone(1);
+    at_client_key_t k;
+    apr_int64_t until = at_now_us() + 2500000;
+    load_t good = {z, NULL, until, 10000}, bad = {z, &k, until, 0};
+    pthread_t th[2];
+    int saturated = 0;
+    (void)state;
+
+    at_zone_key_from_text(z, "abuser", 6, &k);
+    windows_seen = 0;
+    at_set_logger(capture_waiting);
+    pthread_create(&th[0], NULL, load, &good);
+    pthread_create(&th[1], NULL, load, &bad);
+    pthread_join(th[0], NULL);
+    pthread_join(th[1], NULL);
+    at_set_logger(NULL);
+    for (int i = 0; i < windows_seen; i++) {
+        print_message("  window %d: %.0f%% waiting\n", i, 100 * window_waiting[i]);
+        saturated += window_waiting[i] >= 0.5;
+    }
+    assert_true(stats_of(z).counters.rejected_rate > 100);
+    assert_true(windows_seen >= 1);
+    assert_int_equal(saturated, 0);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +518,8 @@ int main(void)
         cmocka_unit_test(test_zone_delay_waits_its_turn),
         cmocka_unit_test(test_zone_delay_beyond_timeout_refused),
         cmocka_unit_test(test_zone_dry_run_counts_rate_refusals),
+        cmocka_unit_test(test_rate_refusals_leave_retry_after_alone),
+        cmocka_unit_test(test_rate_refusals_are_not_saturation),
     };
     int rc;
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <syslog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1241,6 +1242,295 @@ static void test_predicted_wait_refused_at_once(void **state)
     zone_free(z);
 }
 
+/* Sends SIGCONT to a stopped lock holder when told, or after 3 s as a hang
+ * guard; notes whether it did so before it was told. */
+typedef struct {
+    pid_t holder;
+    int go, early;
+} guard_arg_t;
+
+static void *cont_when_told(void *arg)
+{
+    guard_arg_t *g = arg;
+    int i;
+
+    for (i = 0; i < 3000 && !__atomic_load_n(&g->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    __atomic_store_n(&g->early, i == 3000, __ATOMIC_SEQ_CST);
+    kill(g->holder, SIGCONT);
+    return NULL;
+}
+
+/* The figures read under the lock, tried for up to 10 s (25 glances). */
+static at_zone_stats_t fresh_stats_of(at_zone_t *z)
+{
+    at_zone_stats_t s = stats_of(z);
+
+    for (int i = 0; i < 25 && s.stale; i++) {
+        s = stats_of(z);
+    }
+    return s;
+}
+
+/* A dry run's request over the cap is done while a stopped process holds
+ * the lock: one without a record takes no lock at all, one with a record
+ * returns without the lock (while the holder is still stopped) and the
+ * next holder frees its record. */
+static void test_dry_run_release_while_lock_held(void **state)
+{
+    at_zone_conf_t c = {.limit = 1, .queue = 1, .timeout_us = 300 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .dry_run = 1};
+    at_zone_t *z = zone_new_conf(&c);
+    at_ticket_t t[64];
+    int n, rec = -1, norec = -1;
+    apr_uint32_t over, locks;
+    at_zone_stats_t after;
+    guard_arg_t g = {0, 0, 0};
+    pthread_t th;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED);
+    for (n = 1; n < 64 && norec < 0; n++) {
+        at_result_t r = at_zone_acquire(z, &t[n], NULL, NULL);
+
+        assert_true(r == AT_DRY_RUN_QUEUED || r == AT_DRY_RUN_REJECTED);
+        rec = rec < 0 && t[n].over_cap > 0 ? n : rec;
+        norec = t[n].over_cap < 0 ? n : norec;
+    }
+    assert_true(rec > 0 && norec > 0);
+    over = stats_of(z).over_cap;
+
+    g.holder = fork_stopped_lock_holder(z);
+    pthread_create(&th, NULL, cont_when_told, &g);
+    locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST);
+    at_zone_release(z, &t[norec]);
+    locks = __atomic_load_n(&at_test_lock_count, __ATOMIC_SEQ_CST) - locks;
+    at_zone_release(z, &t[rec]);
+    __atomic_store_n(&g.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    /* the holder let go: the next holder frees the record */
+    after = fresh_stats_of(z);
+    kill(g.holder, SIGKILL);
+    waitpid(g.holder, NULL, 0);
+    assert_int_equal(locks, 0);
+    assert_false(g.early); /* both returned while the holder was stopped */
+    assert_int_equal(after.stale, 0);
+    assert_int_equal(after.over_cap, over - 1);
+
+    for (int i = 0; i < n; i++) {
+        at_zone_release(z, &t[i]);
+    }
+    assert_int_equal(stats_of(z).over_cap, 0);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* The releaser's step hook for a hand-off to a waiter that left: at its
+ * first step it waits (holding the lock) until told that the waiter gave
+ * up without the lock, then dies at the step under test. */
+static int left_fd = -1;
+
+static void wait_for_leaver_then_die(int where, int step)
+{
+    static int told;
+    char ch;
+
+    if (!told) {
+        told = 1;
+        if (read(left_fd, &ch, 1) != 1) {
+            _exit(2);
+        }
+    }
+    die_here(where, step);
+}
+
+/* A hand-off whose waiter gave up without the lock (its deadline passed
+ * while the releaser held it) and whose releaser then died at a step of
+ * it: the slot goes back, though the waiter's process lives on. */
+static void handoff_to_leaver_interrupted_at(int where, int step)
+{
+    at_zone_t *z = zone_new(1, 4, 2000 * MS);
+    int go[2], res[2], left[2], status, reached, admitted, full;
+    char ch, got;
+    pid_t releaser, waiter;
+    at_ticket_t t[2];
+    at_zone_stats_t s;
+
+    assert_non_null(z);
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(res), 0);
+    assert_int_equal(pipe(left), 0);
+    releaser = fork();
+    if (releaser == 0) {
+        at_ticket_t mine;
+        if (at_zone_acquire(z, &mine, NULL, NULL) != AT_ADMITTED
+            || write(res[1], "r", 1) != 1 || read(go[0], &ch, 1) != 1) {
+            _exit(2);
+        }
+        die_where = where;
+        die_step = step;
+        left_fd = left[0];
+        at_test_step_hook = wait_for_leaver_then_die;
+        at_zone_release(z, &mine);
+        _exit(1); /* the step was never reached */
+    }
+    assert_int_equal(read(res[0], &ch, 1), 1);
+    waiter = fork();
+    if (waiter == 0) {
+        at_ticket_t mine;
+        char r = at_zone_acquire(z, &mine, NULL, NULL) == AT_REJECTED_LOCKED ? 'l' : 'x';
+        if (write(res[1], &r, 1) != 1) {
+            _exit(2);
+        }
+        pause(); /* alive: nothing of its can be reclaimed */
+        _exit(0);
+    }
+    wait_until_queued(z, 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    assert_int_equal(read(res[0], &got, 1), 1);
+    assert_int_equal(write(left[1], "l", 1), 1);
+    assert_int_equal(waitpid(releaser, &status, 0), releaser);
+    reached = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+
+    s = stats_of(z);
+    admitted = at_zone_acquire_now(z, &t[0]) == AT_ADMITTED;
+    full = at_zone_acquire_now(z, &t[1]) == AT_REJECTED_FULL; /* the cap, exactly */
+    at_zone_release(z, &t[0]);
+    kill(waiter, SIGKILL);
+    waitpid(waiter, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        close(go[i]);
+        close(res[i]);
+        close(left[i]);
+    }
+    zone_free(z);
+
+    if (!reached) {
+        fail_msg("step %d.%d was never reached", where, step);
+    }
+    if (got != 'l') {
+        fail_msg("step %d.%d: the waiter did not leave without the lock", where, step);
+    }
+    if (s.active != 0 || s.queued != 0 || !admitted || !full) {
+        fail_msg("step %d.%d: the slot leaked (active %u, queued %u, next admitted %d)",
+                 where, step, s.active, s.queued, admitted);
+    }
+    assert_int_equal(s.counters.lock_repairs, 1);
+}
+
+static void test_death_in_a_handoff_to_a_waiter_that_left(void **state)
+{
+    (void)state;
+    for (int step = 1; step <= 6; step++) {
+        if (step != 5) { /* the grant: not made to a waiter that left */
+            handoff_to_leaver_interrupted_at(AT_STEP_DISPATCH, step);
+        }
+    }
+    for (int step = 1; step <= 3; step++) {
+        handoff_to_leaver_interrupted_at(AT_STEP_SLOT_FILL, step);
+    }
+}
+
+/* A logger that stalls (a piped logger that stopped reading) on its first
+ * line of a level at least as verbose as stall_level, until a check made
+ * meanwhile from another thread is done (or 5 s, a hang guard): the
+ * check reads the zone's status, which is stale if the stalled line was
+ * written with the zone's lock held. */
+typedef struct {
+    at_zone_t *z;
+    int stall_level;
+    int entered, checked, stale;
+} stall_t;
+
+static stall_t stall;
+
+static void stalling_logger(int level, const char *msg)
+{
+    (void)msg;
+    if (level < stall.stall_level
+        || __atomic_exchange_n(&stall.entered, 1, __ATOMIC_SEQ_CST)) {
+        return;
+    }
+    for (int i = 0; i < 5000 && !__atomic_load_n(&stall.checked, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+}
+
+static void *check_while_stalled(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST)) {
+        usleep(1000);
+    }
+    __atomic_store_n(&stall.stale, stats_of(stall.z).stale, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&stall.checked, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void stall_start(at_zone_t *z, int level, pthread_t *th)
+{
+    stall = (stall_t){.z = z, .stall_level = level};
+    at_set_logger(stalling_logger);
+    pthread_create(th, NULL, check_while_stalled, NULL);
+}
+
+/* Lets the checker go if nothing was logged, and says whether the zone's
+ * lock was free while the logger stalled. */
+static int stall_end_lock_was_free(pthread_t th)
+{
+    int logged = __atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST);
+
+    __atomic_store_n(&stall.entered, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    at_set_logger(NULL);
+    assert_true(logged);
+    return !stall.stale;
+}
+
+/* limit=auto logs each window it judges (trace1) and each change of its
+ * limit (debug): a stalled logger must not stall the zone. */
+static void test_windows_are_logged_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_auto(1, 4, 2, 10000 * MS);
+    pthread_t th;
+    (void)state;
+
+    stall_start(z, AT_LOG_TRACE1, &th);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&stall.entered, __ATOMIC_SEQ_CST); i++) {
+        at_ticket_t t;
+
+        assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+        usleep(2 * MS);
+        at_zone_release(z, &t);
+    }
+    assert_true(stall_end_lock_was_free(th));
+    zone_free(z);
+}
+
+/* The warning that a process died holding the lock, and what repair
+ * rebuilt, is written once the lock is let go. */
+static void test_repair_is_logged_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_new(2, 2, 1000 * MS);
+    at_ticket_t t;
+    pthread_t th;
+    pid_t pid;
+    (void)state;
+
+    if ((pid = fork()) == 0) {
+        at_zone_debug_take_lock(z);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    stall_start(z, LOG_WARNING, &th);
+    assert_int_equal(at_zone_acquire(z, &t, NULL, NULL), AT_ADMITTED);
+    assert_true(stall_end_lock_was_free(th));
+    at_zone_release(z, &t);
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1274,6 +1564,10 @@ int main(void)
         cmocka_unit_test(test_auto_windows_span_two_services),
         cmocka_unit_test(test_auto_windows_lengthen_at_the_top),
         cmocka_unit_test(test_predicted_wait_refused_at_once),
+        cmocka_unit_test(test_dry_run_release_while_lock_held),
+        cmocka_unit_test(test_death_in_a_handoff_to_a_waiter_that_left),
+        cmocka_unit_test(test_windows_are_logged_without_the_lock),
+        cmocka_unit_test(test_repair_is_logged_without_the_lock),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
