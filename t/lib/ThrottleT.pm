@@ -12,6 +12,7 @@ use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
 use Fcntl qw(:flock);
 use IO::Select;
+use Digest::MD5 ();
 use Apache::Test;
 use Apache::TestRequest;
 
@@ -19,7 +20,7 @@ our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count pr
                  probe_order probe_overlap_of probe_reset wait_until hostport server_pid
                  load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
-                 with_cpus stop_process);
+                 with_cpus stop_process test_seed);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -259,6 +260,20 @@ sub stop_process {
         return @t && !grep { (do { local (@ARGV, $/) = ($_); <> } // '') !~ /^\d+ \(.*\) [Tt] / } @t;
     };
     wait_until($stopped, 10) or die "process $pid did not stop";
+}
+
+# The seed of a test's random choices: $ENV{$var} replays a run, else
+# AT_TEST_SEED (CI derives one from the commit), else a new one. Returns it
+# with the command that replays the run, for the test to print on failure.
+sub test_seed {
+    my ($var) = @_;
+    my $given = $ENV{$var} // $ENV{AT_TEST_SEED};
+    my $seed = !defined $given ? int(rand(1 << 30))
+             : $given =~ /^\d+$/ ? $given % (1 << 30)
+             : unpack('N', Digest::MD5::md5($given)) % (1 << 30);
+    (my $test = $0) =~ s{.*/}{};
+    return ($seed, "$var=$seed MPMS=" . ($ENV{MPM} // 'event')
+                   . " MODULE_SO=.libs/mod_adaptive_throttle_test.so t/run-apache-tests t/$test");
 }
 
 sub free_port {
