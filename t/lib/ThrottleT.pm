@@ -17,7 +17,7 @@ use Apache::Test;
 use Apache::TestRequest;
 
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
-                 probe_order probe_overlap_of probe_reset wait_until hostport server_pid
+                 probe_order probe_overlap_of probe_reset probe_release wait_until hostport server_pid
                  load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
                  with_cpus stop_process test_seed);
@@ -121,7 +121,16 @@ sub status_auto {
 sub probe_reset {
     my ($tag) = @_;
     my $dir = probe_dir();
-    unlink "$dir/$tag.count", "$dir/$tag.order", "$dir/$tag.events";
+    unlink "$dir/$tag.count", "$dir/$tag.order", "$dir/$tag.events", "$dir/$tag.release";
+}
+
+# Ends the sleep of the probe CGIs of $tag that run with release=1 (in
+# $dir, the suite's probe directory by default): a holder that lasts as long
+# as the test needs, however slow the machine, and no longer.
+sub probe_release {
+    my ($tag, $dir) = @_;
+    open(my $fh, '>', ($dir // probe_dir()) . "/$tag.release") or die "$tag.release: $!";
+    close $fh;
 }
 
 # (running now, highest ever) as counted by the CGIs themselves, read under
