@@ -1,6 +1,6 @@
 # A real HAProxy (Debian's haproxy) in front of two private httpds, fed by
 # ThrottleAgent: a host whose zone fills up has its weight (and its
-# maxconn, the zone's limit) in HAProxy within two agent intervals, read
+# maxconn, the zone's limit) in HAProxy within a few agent intervals, read
 # from HAProxy's own stats socket; a refusal with 429 reaches the client
 # with its Retry-After and leaves the host UP under "observe layer7", where
 # the same refusal with 503 marks the host DOWN; and a graceful stop of one host while clients keep
@@ -116,24 +116,27 @@ ok t_cmp(wait_until(sub { stat_of('h1', 'slim') eq '2' && stat_of('h2', 'slim') 
 my @holders;
 for (1 .. 8) {
     my $pid = fork // die;
-    if (!$pid) { $h[0]{get}->('/cgi-bin/probe.cgi?tag=hold&sleep=3000'); POSIX::_exit(0) }
+    if (!$pid) { $h[0]{get}->('/cgi-bin/probe.cgi?tag=hold&sleep=60000&release=1'); POSIX::_exit(0) }
     push @holders, $pid;
 }
 wait_until(sub { $h[0]{get}->('/ts?auto')->{body} =~ /^Throttle\.fz\.Queued: 6$/m }, 10)
     or die 'h1 did not fill';
+# The holders run until released: the weight follows the queue both ways,
+# however slowly a loaded machine runs the agent checks (how fast is a
+# speed figure, printed, not asserted).
 my $t0 = time;
-my $seen = wait_until(sub { stat_of('h1', 'weight') eq '40' }, 4 * $inter);
+my $seen = wait_until(sub { stat_of('h1', 'weight') eq '40' }, 10 * $inter);
 my $took = time - $t0;
 print STDERR sprintf("# fleet.t: h1's weight 40 in HAProxy %.2f s after its queue filled\n", $took);
-ok t_cmp($seen, 1, 'a filling queue lowers the host\'s weight in HAProxy (100 -> 40)');
-ok t_cmp($took <= 2 * $inter + 0.25, 1,
-         sprintf('within two agent intervals (%.2f s; agent-inter %d s)', $took, $inter));
+ok t_cmp($seen, 1, sprintf('a filling queue lowers the host\'s weight in HAProxy (100 -> 40) '
+                           . '(%.2f s; agent-inter %d s)', $took, $inter));
 ok t_cmp(stat_of('h2', 'weight'), 100, 'the idle host keeps its weight');
-kill 'TERM', @holders;
+probe_release('hold', $h[0]{probes});
 waitpid $_, 0 for @holders;
 # h1 idle again, and HAProxy told so, before the traffic starts.
 wait_until(sub { $h[0]{get}->('/ts?auto')->{body} =~ /^Throttle\.fz\.Active: 0$/m }, 10);
-wait_until(sub { stat_of('h1', 'weight') eq '100' }, 4 * $inter);
+ok t_cmp(wait_until(sub { stat_of('h1', 'weight') eq '100' }, 10 * $inter), 1,
+         'and back to 100 once it emptied');
 
 # 429 against 503 under "observe layer7": h1's slot of each zone held,
 # one more request of each through HAProxy.

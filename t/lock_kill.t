@@ -61,17 +61,21 @@ my $blocked = bg('/hello.txt');
 sleep 1;
 ok t_cmp(waitpid($blocked, POSIX::WNOHANG()) == 0, 1, 'a second request blocks on the lock');
 
+# Usable again: a request answered 200 before the zone's 10 s timeout has
+# passed since the kill; without the repair each would wait that long for
+# the lock and be refused.
 kill 'KILL', $victim;
 my $t0 = time;
 my $r;
-while (time - $t0 < 5) {
+while (time - $t0 < 20) {
     $r = $srv->{get}->('/hello.txt');
     last if $r->{status} == 200;
     sleep 0.05;
 }
 my $took = time - $t0;
 print STDERR sprintf("# lock_kill.t: zone usable %.3f s after its lock holder was killed\n", $took);
-ok t_cmp($r->{status} == 200 && $took < 2, 1, sprintf('zone usable again after %.3f s', $took));
+ok t_cmp($r->{status} == 200 && $took < 10, 1,
+         sprintf('zone usable again after %.3f s, within its timeout', $took));
 
 waitpid($blocked, 0);
 my $how = $? >> 8;

@@ -21,7 +21,11 @@ my $delta = sub {
 my @r = map { http_get("/ratez/probe.cgi?id=r$_") } 1 .. 4;
 ok t_cmp(join(' ', map { $_->{status} } @r), '200 200 200 503',
          'a burst of 2 lets 3 requests through at once, the 4th is refused');
-ok t_cmp($r[3]{secs} < 1, 1, sprintf('at once (%.3f s)', $r[3]{secs}));
+# At once: the module's own measure of its time in the zone is far below
+# the minute it would have waited for the bucket.
+my ($waited) = $r[3]{body} =~ /wait_us=(\d+)/;
+ok t_cmp(defined $waited && $waited < 1_000_000 ? 1 : 0, 1,
+         sprintf('at once (%s us in the zone; %.3f s at the client)', $waited // '?', $r[3]{secs}));
 ok t_cmp($r[3]{body}, qr/result=rejected-rate/, 'THROTTLE_RESULT=rejected-rate');
 my $ra = $r[3]{headers}{'retry-after'} // '';
 ok t_cmp($ra =~ /^\d+$/ && $ra >= 50 && $ra <= 60, 1,
@@ -45,15 +49,17 @@ ok t_cmp(join(' ', map { http_get("/ratekey/probe.cgi?id=n$_")->{status} } 1 .. 
          '200 200 200', 'requests without a key are not limited');
 ok t_cmp(status_auto()->{'Throttle.ratekey.RateKeys'}, 2, 'RateKeys: two keys with a bucket');
 
-# ratedly: rate=5/s:3 rate_delay=0 — four at once all run, each in its turn:
-# the last no sooner than three intervals (600 ms) after the first.
+# ratedly: rate=1/s:3 rate_delay=0 — four at once all run, each in its turn:
+# the last no sooner than three intervals (3 s) after the first. The
+# interval is long beside how far apart a loaded machine lets the four
+# arrive (the last waits 3 s less that spread).
 my $t0 = time;
 my @pids = map { bg_get("/ratedly/probe.cgi?id=d$_") } 1 .. 4;
 my @d = map { bg_wait($_) } @pids;
 ok t_cmp(join(' ', map { $_->{status} } @d), '200 200 200 200',
          'within the burst, every request runs');
 my @waits = sort { $a <=> $b } map { ($_->{body} =~ /wait_us=(\d+)/)[0] // 0 } @d;
-ok t_cmp($waits[-1] >= 500_000, 1, "the last waited its turn ($waits[-1] us)");
-ok t_cmp(time - $t0 >= 0.55, 1, sprintf('and the four took at least 3 intervals (%.2f s)',
+ok t_cmp($waits[-1] >= 2_000_000, 1, "the last waited its turn, 2 intervals at least ($waits[-1] us)");
+ok t_cmp(time - $t0 >= 2.95, 1, sprintf('and the four took at least 3 intervals (%.2f s)',
                                         time - $t0));
 ok t_cmp($delta->(status_auto(), 'ratedly', 'RateDelayed'), 3, 'three counted as RateDelayed');

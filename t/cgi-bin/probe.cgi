@@ -2,7 +2,8 @@
 # A CGI that witnesses the throttle from the inside: under an exclusive lock
 # it counts how many copies of itself run at once (per tag), remembers the
 # highest count, logs the order in which copies started and the pid of the
-# httpd process that runs it, then sleeps and answers.
+# httpd process that runs it, then sleeps and answers. With release=1 it
+# sleeps only until the test makes the file $tag.release (probe_release).
 #
 # Its shape, as real scripts have it: by default it prints its headers after
 # its work; first=1 prints and flushes them before (as CGI.pm, shell and
@@ -20,6 +21,7 @@ my $tag   = ($q{tag} // '') =~ /^(\w+)$/ ? $1 : 'default';
 my $id    = ($q{id}  // '') =~ /^(\w+)$/ ? $1 : '-';
 my $ms    = ($q{sleep} // '') =~ /^(\d+)$/ ? $1 : 0;
 my $dir   = $ENV{PROBE_DIR} or die "PROBE_DIR not set";
+my $release = $q{release} ? "$dir/$tag.release" : undef;
 
 sub with_count {
     my ($delta, $log) = @_;
@@ -74,7 +76,13 @@ if ($first) {
     print 'x' x 1023, "\n" for 1 .. $big;
 }
 take_memory($mem) if $mem;
-sleep($ms / 1000) if $ms;
+if ($release) {
+    my $end = Time::HiRes::time() + $ms / 1000;
+    sleep 0.01 while !-e $release && Time::HiRes::time() < $end;
+}
+elsif ($ms) {
+    sleep($ms / 1000);
+}
 take_memory(-$mem) if $mem;
 # The count ends before the last line: a client that has the whole answer
 # finds this copy no longer counted.

@@ -13,14 +13,15 @@ use File::Path qw(remove_tree);
 use Time::HiRes qw(time sleep);
 use Fcntl qw(:flock O_RDONLY O_CREAT);
 use IO::Select;
+use Digest::MD5 ();
 use Apache::Test;
 use Apache::TestRequest;
 
 our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
-                 probe_order probe_overlap_of probe_reset wait_until hostport server_pid
+                 probe_order probe_overlap_of probe_reset probe_release wait_until hostport server_pid
                  load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
-                 with_cpus stop_process);
+                 with_cpus stop_process test_seed);
 
 sub hostport { Apache::TestRequest::hostport() }
 
@@ -121,7 +122,16 @@ sub status_auto {
 sub probe_reset {
     my ($tag) = @_;
     my $dir = probe_dir();
-    unlink "$dir/$tag.count", "$dir/$tag.order", "$dir/$tag.events";
+    unlink "$dir/$tag.count", "$dir/$tag.order", "$dir/$tag.events", "$dir/$tag.release";
+}
+
+# Ends the sleep of the probe CGIs of $tag that run with release=1 (in
+# $dir, the suite's probe directory by default): a holder that lasts as long
+# as the test needs, however slow the machine, and no longer.
+sub probe_release {
+    my ($tag, $dir) = @_;
+    open(my $fh, '>', ($dir // probe_dir()) . "/$tag.release") or die "$tag.release: $!";
+    close $fh;
 }
 
 # (running now, highest ever) as counted by the CGIs themselves, read under
@@ -260,6 +270,20 @@ sub stop_process {
         return @t && !grep { (do { local (@ARGV, $/) = ($_); <> } // '') !~ /^\d+ \(.*\) [Tt] / } @t;
     };
     wait_until($stopped, 10) or die "process $pid did not stop";
+}
+
+# The seed of a test's random choices: $ENV{$var} replays a run, else
+# AT_TEST_SEED (CI derives one from the commit), else a new one. Returns it
+# with the command that replays the run, for the test to print on failure.
+sub test_seed {
+    my ($var) = @_;
+    my $given = $ENV{$var} // $ENV{AT_TEST_SEED};
+    my $seed = !defined $given ? int(rand(1 << 30))
+             : $given =~ /^\d+$/ ? $given % (1 << 30)
+             : unpack('N', Digest::MD5::md5($given)) % (1 << 30);
+    (my $test = $0) =~ s{.*/}{};
+    return ($seed, "$var=$seed MPMS=" . ($ENV{MPM} // 'event')
+                   . " MODULE_SO=.libs/mod_adaptive_throttle_test.so t/run-apache-tests t/$test");
 }
 
 # A port for a server of the test's own, that no other test (the suites of
