@@ -18,7 +18,7 @@ plan tests => 6, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV
                         'IPv6 loopback (::1)' => $have_v6,
                         'mod_remoteip' => -f "$moddir/mod_remoteip.so" };
 
-my $port6 = IO::Socket::IP->new(LocalHost => '::1', LocalPort => 0, Listen => 1)->sockport;
+my $port6 = free_port('::1');
 my $cgi = Apache::Test::vars('serverroot') . '/cgi-bin';
 my $probes = tempdir(CLEANUP => 1);
 chmod 0777, $probes;

@@ -24,8 +24,12 @@ use Time::HiRes qw(time sleep);
 
 my $apxs = $ENV{APXS} || 'apxs';
 chomp(my $moddir = `$apxs -q LIBEXECDIR`);
-my $h2 = -f "$moddir/mod_http2.so" && ($ENV{MPM} // '') ne 'prefork'
-         && system('/usr/bin/python3 -c "import h2" 2>/dev/null') == 0;
+# HTTP/2: why not, if not ('' when it runs)
+my $no_h2 = ($ENV{MPM} // '') eq 'prefork' ? 'HTTP/2: mod_http2 does not serve under prefork'
+          : !-f "$moddir/mod_http2.so" ? 'HTTP/2: no mod_http2'
+          : system('/usr/bin/python3 -c "import h2" 2>/dev/null') != 0
+              ? 'HTTP/2: no python3-h2 (scripts/setup installs it)' : '';
+my $h2 = !$no_h2;
 my @cgi_shapes = (['headers last', 'probe.cgi?x=1'], ['headers first', 'probe.cgi?first=1'],
                   ['nph-', 'nph-probe.cgi?x=1'], ['256 KiB before the work', 'probe.cgi?first=1&big=256']);
 plan tests => 2 * (@cgi_shapes + 4) + 2 + 1 + 4,
@@ -169,8 +173,7 @@ for my $s (@cgi_shapes) {
 
 # HTTP/2: six streams of one connection.
 if (!$h2) {
-    skip('HTTP/2: mod_http2 does not serve under prefork (or python3-h2 is missing)')
-        for 1 .. 2;
+    skip($no_h2) for 1 .. 2;
 } else {
     my $client = Apache::Test::vars('serverroot') . '/bin/h2-get';
     my $paths = join ' ', map { "'/cgi/probe.cgi?first=1&tag=h2&sleep=1000&id=h$_'" } 1 .. 6;

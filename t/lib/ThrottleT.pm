@@ -6,6 +6,7 @@ use strict;
 use warnings;
 use Exporter 'import';
 use IO::Socket::INET;
+use IO::Socket::IP;
 use Storable qw(store retrieve);
 use File::Spec;
 use File::Temp qw(tempdir);
@@ -283,7 +284,8 @@ sub test_seed {
              : unpack('N', Digest::MD5::md5($given)) % (1 << 30);
     (my $test = $0) =~ s{.*/}{};
     return ($seed, "$var=$seed MPMS=" . ($ENV{MPM} // 'event')
-                   . " MODULE_SO=.libs/mod_adaptive_throttle_test.so t/run-apache-tests t/$test");
+                   . " MODULE_SO=.libs/mod_adaptive_throttle_test.so t/run-apache-tests t/$test"
+                   . ' (CI runs it on a build with --enable-sanitizers)');
 }
 
 # A port for a server of the test's own, that no other test (the suites of
@@ -293,6 +295,8 @@ sub test_seed {
 # own, held until this process and its forked clients have exited.
 my @port_locks;
 sub free_port {
+    my ($host) = @_; # default 127.0.0.1; '::1' for IPv6 loopback
+    $host //= '127.0.0.1';
     my ($eph_lo, $eph_hi) = (32768, 60999);
     if (open my $r, '<', '/proc/sys/net/ipv4/ip_local_port_range') {
         ($eph_lo, $eph_hi) = split ' ', scalar <$r>;
@@ -312,8 +316,8 @@ sub free_port {
             next;
         }
         # free now, as httpd will bind it (SO_REUSEADDR: TIME_WAIT is no bar)
-        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
-                                      Listen => 1, ReuseAddr => 1);
+        my $s = IO::Socket::IP->new(LocalHost => $host, LocalPort => $port,
+                                    Listen => 1, ReuseAddr => 1);
         unless ($s) {
             close $lock;
             next;
