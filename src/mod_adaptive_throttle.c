@@ -39,13 +39,14 @@ APLOG_USE_MODULE(adaptive_throttle);
 
 /* The outcome for one initial request, kept on the initial request so an
  * internal redirect is not counted twice. */
-typedef struct {
+typedef struct req_state {
     zone_ref_t *ref;
     at_ticket_t ticket;
     const char *result;
     int priority;
     int holding;
     int refused; /* answered 503: what runs next is its ErrorDocument */
+    const struct req_state *page; /* the slot its error page runs on, if any */
 } req_state_t;
 
 /* ---- life cycle --------------------------------------------------------- */
@@ -299,7 +300,7 @@ static void hold_slot(request_rec *r, req_state_t *st)
  * never queued and never over the cap. Otherwise the client gets httpd's own
  * 503 page: answering 503 here makes httpd send the refused request's error
  * response, Retry-After and all. */
-static int run_error_page(request_rec *r, dir_conf_t *d, const req_state_t *refused)
+static int run_error_page(request_rec *r, dir_conf_t *d, req_state_t *refused)
 {
     zone_ref_t *ref = zone_for_request(r, d);
     req_state_t *st;
@@ -312,6 +313,9 @@ static int run_error_page(request_rec *r, dir_conf_t *d, const req_state_t *refu
     switch (at_zone_acquire_now(ref->zone, &st->ticket)) {
     case AT_ADMITTED:
         hold_slot(r, st);
+        if (!r->main) {
+            refused->page = st; /* its includes run under this slot */
+        }
         return DECLINED;
     case AT_REJECTED_FULL:
     case AT_REJECTED_LOCKED:
@@ -383,17 +387,24 @@ static request_rec *first_of_chain(request_rec *r)
 }
 
 /* A subrequest runs under the slot of a request above it, if one holds a
- * slot: counting it again would count one piece of work twice (and a
- * limit=1 zone would deadlock on itself). */
-static int runs_under_a_slot(request_rec *r)
+ * slot (its own, or its error page's): counting it again would count one
+ * piece of work twice (and a limit=1 zone would deadlock on itself). It
+ * runs under no slot, but in any zone it targets, otherwise. Sets *refused
+ * to the state of a refused request above it: the subrequest is part of
+ * its error page, which never waits. */
+static int runs_under_a_slot(request_rec *r, req_state_t **refused)
 {
-    const req_state_t *st;
+    req_state_t *st;
 
+    *refused = NULL;
     for (r = r->main; r; r = r->main) {
         st = ap_get_module_config(first_of_chain(r)->request_config,
                                   &adaptive_throttle_module);
-        if (st && st->holding) {
+        if (st && (st->holding || (st->page && st->page->holding))) {
             return 1;
+        }
+        if (st && st->refused && !*refused) {
+            *refused = st;
         }
     }
     return 0;
@@ -408,13 +419,17 @@ static int throttle_handler(request_rec *r)
     at_client_key_t client;
     at_request_t rq;
     at_result_t res;
+    req_state_t *refused = NULL;
     int rc, body_unread;
 
-    if (at_is_own_handler(r) || (r->main && runs_under_a_slot(r))) {
+    if (at_is_own_handler(r) || (r->main && runs_under_a_slot(r, &refused))) {
         return DECLINED;
     }
     top = first_of_chain(r);
     d = ap_get_module_config(r->per_dir_config, &adaptive_throttle_module);
+    if (refused) {
+        return run_error_page(r, d, refused); /* a slot free at once, or 503 */
+    }
     st = ap_get_module_config(top->request_config, &adaptive_throttle_module);
     if (st) {
         return handle_redirect(r, d, st);
@@ -470,9 +485,12 @@ static int throttle_handler(request_rec *r)
     if (is_refusal(res)) {
         st->refused = 1;
         if (body_unread) {
-            r->connection->keepalive = AP_CONN_CLOSE; /* its body is still on the wire */
+            /* its body is still on the wire: no 100 Continue asks for it,
+             * from an error page either */
+            r->connection->keepalive = AP_CONN_CLOSE;
+            r->expecting_100 = 0;
         }
-        else {
+        else if (!r->main) {
             at_keep_connection_after_refusal(r);
         }
         /* rate=: when the bucket lets one through, exactly */

@@ -58,46 +58,79 @@ static int could_keep_alive(request_rec *r)
            && state != AP_MPMQ_STOPPING;
 }
 
-/* The header block, if it is whole in bb and delimits its body: the
- * connection can go on after the body. */
-static int delimited_head(const char *head, apr_size_t len)
+/* The header block, if it is whole and delimits its body (or there is
+ * none: HEAD): the connection can go on after the answer. */
+static int delimited_head(request_rec *r, const char *head, apr_size_t len)
 {
     const char *end = len >= 4 ? head + len - 4 : NULL;
 
     if (!end || memcmp(end, "\r\n\r\n", 4) != 0 || memchr(head, '\0', len)) {
         return 0;
     }
-    return strstr(head, "\r\nContent-Length: ") != NULL
+    return r->header_only || strstr(head, "\r\nContent-Length: ") != NULL
            || strstr(head, "\r\nTransfer-Encoding: chunked\r\n") != NULL;
 }
 
-/* Sees the header block of the response (HTTP_HEADER passes it alone,
- * first) and steps aside. */
-static apr_status_t keepalive_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+/* The header block without its "Connection: close" line, in place of the
+ * data buckets of bb (HTTP_HEADER may have put the end of stream of a
+ * HEAD answer after them: metadata stays). 0 if there is nothing to undo. */
+static int drop_close(request_rec *r, apr_bucket_brigade *bb)
 {
-    request_rec *r = f->r;
-    conn_rec *c = r->connection;
+    apr_bucket *b, *next;
     char *head, *close;
     apr_size_t len;
 
-    ap_remove_output_filter(f);
-    if (c->keepalive != AP_CONN_CLOSE || !ap_status_drops_connection(r->status)
-        || apr_brigade_pflatten(bb, &head, &len, r->pool) != APR_SUCCESS) {
-        return ap_pass_brigade(f->next, bb);
+    if (apr_brigade_pflatten(bb, &head, &len, r->pool) != APR_SUCCESS) {
+        return 0;
     }
     head = apr_pstrmemdup(r->pool, head, len);
-    if (!delimited_head(head, len) || !(close = strstr(head, CLOSE_LINE))) {
-        return ap_pass_brigade(f->next, bb);
+    if (!delimited_head(r, head, len) || !(close = strstr(head, CLOSE_LINE))) {
+        return 0;
     }
     /* keep the line's leading CRLF, drop "Connection: close\r\n" */
     memmove(close + 2, close + sizeof(CLOSE_LINE) - 1,
             len - (apr_size_t)(close - head) - (sizeof(CLOSE_LINE) - 1) + 1);
     len -= sizeof(CLOSE_LINE) - 3;
-    apr_brigade_cleanup(bb);
-    APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_pool_create(head, len, r->pool, c->bucket_alloc));
-    c->keepalive = AP_CONN_KEEPALIVE;
-    c->keepalives++;
-    apr_table_setn(c->notes, KEPT_NOTE, "1");
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = next) {
+        next = APR_BUCKET_NEXT(b);
+        if (!APR_BUCKET_IS_METADATA(b)) {
+            apr_bucket_delete(b);
+        }
+    }
+    APR_BRIGADE_INSERT_HEAD(bb, apr_bucket_pool_create(head, len, r->pool,
+                                                       r->connection->bucket_alloc));
+    return 1;
+}
+
+/* First the header block (HTTP_HEADER passes it alone, first); then it
+ * stays to the end of the answer: an error on the way (a proxied error
+ * page that broke off) leaves the connection to close, as httpd wants. */
+static apr_status_t keepalive_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    request_rec *r = f->r;
+    conn_rec *c = r->connection;
+    apr_bucket *b;
+
+    if (!f->ctx) {
+        f->ctx = f; /* the header block is seen */
+        if (c->keepalive != AP_CONN_CLOSE || !ap_status_drops_connection(r->status)
+            || !drop_close(r, bb)) {
+            ap_remove_output_filter(f);
+            return ap_pass_brigade(f->next, bb);
+        }
+        c->keepalive = AP_CONN_KEEPALIVE;
+        c->keepalives++;
+        apr_table_setn(c->notes, KEPT_NOTE, "1");
+    }
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = APR_BUCKET_NEXT(b)) {
+        if (AP_BUCKET_IS_ERROR(b)) {
+            apr_table_unset(c->notes, KEPT_NOTE);
+            c->keepalive = AP_CONN_CLOSE;
+        }
+        if (APR_BUCKET_IS_EOS(b)) {
+            ap_remove_output_filter(f);
+        }
+    }
     return ap_pass_brigade(f->next, bb);
 }
 
@@ -118,7 +151,7 @@ static int keep_after_finish(request_rec *r)
 
 void at_keep_connection_after_refusal(request_rec *r)
 {
-    if (could_keep_alive(r)) {
+    if (!r->main && could_keep_alive(r)) {
         ap_add_output_filter_handle(keepalive_filter_handle, NULL, r, r->connection);
     }
 }

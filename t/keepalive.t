@@ -14,7 +14,7 @@ use File::Temp qw(tempdir);
 use IO::Select;
 use IO::Socket::INET;
 
-plan tests => 9, need need_cgi(),
+plan tests => 11, need need_cgi(),
     { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF} };
 
 my $probes = tempdir(CLEANUP => 1);
@@ -24,13 +24,29 @@ chmod 0755, $docs;
 open my $fh, '>', "$docs/busy.html" or die;
 print $fh "<p>busy, come back soon</p>\n";
 close $fh;
-chmod 0644, "$docs/busy.html";
-my $srv = private_server(cgi_conf($probes, '/full/', '/many/', '/page/') . <<"CONF");
+open $fh, '>', "$docs/busy.shtml" or die;
+print $fh "busy<!--#include virtual=\"/inc/probe.cgi?tag=inc\" -->\n";
+close $fh;
+chmod 0644, "$docs/busy.html", "$docs/busy.shtml";
+my $apxs = $ENV{APXS} || 'apxs';
+chomp(my $moddir = `$apxs -q LIBEXECDIR`);
+my $srv = private_server(cgi_conf($probes, '/full/', '/many/', '/page/', '/ssi/', '/inc/')
+                         . <<"CONF");
+LoadModule include_module $moddir/mod_include.so
 KeepAlive On
 MaxKeepAliveRequests 100
 ThrottleZone full limit=1 queue=0
 ThrottleZone many limit=1 queue=0 status=429
 ThrottleZone page limit=1 queue=0
+ThrottleZone ssi limit=1 queue=0
+ThrottleZone inc limit=1 queue=5 timeout=60s
+<Location /ssi/>
+    Throttle ssi
+    ErrorDocument 503 /docs/busy.shtml
+</Location>
+<Location /inc/>
+    Throttle inc
+</Location>
 <Location /full/>
     Throttle full
 </Location>
@@ -43,6 +59,8 @@ ThrottleZone page limit=1 queue=0
 </Location>
 Alias /docs/ "$docs/"
 <Directory "$docs">
+    Options +Includes
+    AddOutputFilter INCLUDES .shtml
     Require all granted
 </Directory>
 CONF
@@ -63,7 +81,7 @@ sub on_one_connection {
         while (1) {
             if ($buf =~ /\A(.*?\r\n\r\n)/s) {
                 $head = $1;
-                my ($len) = $head =~ /^Content-Length: (\d+)\r$/mi;
+                my ($len) = $req =~ /^HEAD / ? (0) : $head =~ /^Content-Length: (\d+)\r$/mi;
                 if (defined $len && length($buf) >= length($head) + $len) {
                     $body = substr($buf, length($head), $len);
                     $buf = substr($buf, length($head) + $len);
@@ -84,9 +102,10 @@ sub get11 { my ($path, $extra) = @_; "GET $path HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 sub status_of { ($_[0]{head} =~ m{^HTTP/\S+ (\d+)})[0] // 0 }
 
 # Each zone's one slot held by a sleeping CGI.
-my @holds = map { bg_get("/$_/probe.cgi?tag=$_&sleep=8000", port => $srv->{port}) } qw(full many page);
-wait_until(sub { (probe_count_in($probes, 'full'))[0] + (probe_count_in($probes, 'many'))[0]
-                 + (probe_count_in($probes, 'page'))[0] == 3 }, 10) or die 'holders never ran';
+my @holds = map { bg_get("/$_/probe.cgi?tag=$_&sleep=60000&release=1", port => $srv->{port}) }
+            qw(full many page ssi);
+wait_until(sub { (grep { (probe_count_in($probes, $_))[0] == 1 } qw(full many page ssi)) == 4 }, 10)
+    or die 'holders never ran';
 
 my ($a, $closed) = on_one_connection(get11('/full/probe.cgi?tag=x'), get11('/full/probe.cgi?tag=x'),
                                      get11('/hello.txt'));
@@ -116,6 +135,24 @@ ok t_cmp(status_of($a->[0]) . " $closed", '503 1', 'HTTP/1.0: closed');
 ok t_cmp(status_of($a->[0]) . ' ' . ($a->[0]{head} =~ /^Connection: close/mi ? 'close' : 'kept')
          . " $closed", '503 close 1', 'a request body left unread: closed');
 
+($a, $closed) = on_one_connection("HEAD /full/probe.cgi?tag=x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                                  get11('/hello.txt'));
+ok t_cmp(join(' ', map { status_of($_) } @$a) . " $closed", '503 200 0',
+         'HEAD: refused, and the next request answered on the same connection');
+
+# An error page is never left waiting: its SSI include of a CGI in a full
+# zone (its slot held until released, a queue to wait in) is refused at
+# once, while the holder still runs.
+my $inc = bg_get('/inc/probe.cgi?tag=inc&release=1&sleep=60000', port => $srv->{port});
+wait_until(sub { (probe_count_in($probes, 'inc'))[0] == 1 }, 10) or die 'inc holder never ran';
+my $r = http_get('/ssi/probe.cgi?tag=x', port => $srv->{port}, timeout => 30);
+my $still = (probe_count_in($probes, 'inc'))[0];
+probe_release('inc', $probes);
+bg_wait($inc);
+ok t_cmp("$r->{status} $still " . ($r->{body} =~ /^busy/ ? 'page' : 'no page'), '503 1 page',
+         'the error page ran, its include refused at once while the zone was full');
+
+probe_release($_, $probes) for qw(full many page ssi);
 bg_wait($_) for @holds;
 ($a) = on_one_connection(get11('/full/probe.cgi?tag=x'));
 ok t_cmp(status_of($a->[0]), 200, 'once free, the zone runs the request');
