@@ -22,7 +22,6 @@ typedef struct {
     apr_uint32_t pad;
     apr_uint64_t held;        /* requests held back by memory alone */
     apr_uint64_t read_errors; /* readings that failed */
-    apr_int64_t claim_us;     /* when the reading in flight began; 0: none */
 } at_memgate_t;
 
 /* How many running requests started less than settle_us before now: the
@@ -43,9 +42,8 @@ typedef struct {
     apr_int64_t at_us; /* when it began */
 } at_mem_reading_t;
 
-/* Without the lock: 1 if a reading was due and this caller took it into r
- * (then at_memgate_apply it under the lock); 0 if none was due, or another
- * process is taking one (the last reading stands meanwhile). */
+/* Without the lock: 1 if a reading was due and this caller took it into r;
+ * then at_memgate_apply it under the lock. */
 int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r);
 
 /* Under the lock: the reading into the ledger. 1 if it is the first that

@@ -30,9 +30,6 @@
 /* A reading older than this (its request waited long for the lock, or was
  * stopped) is not decided on: the request waits for a new one. */
 #define AT_MEM_TRUST_US 500000
-/* One process reads the memory files at a time; one whose read has lasted
- * this long (stopped, or died) no longer keeps the others from reading. */
-#define AT_MEM_CLAIM_US 100000
 /* A request's memory is taken to show in the readings at the latest this
  * long after it started; one that ends sooner than AT_MEM_QUICK_US is
  * taken to have taken none. */

@@ -19,24 +19,17 @@ void at_memgate_set_reading(const char *root, apr_int64_t settle_us)
  * is AT_MEM_READ_US old, or AT_MEM_REREAD_US while memory holds requests
  * back), and if so, the reading. The files are read here, never under the
  * lock: on cgroup v2 under pressure a read can take milliseconds, and every
- * process of the zone would wait on it. One process reads at a time: the
- * others decide on the last reading meanwhile, rather than all reading the
- * same files at once when memory is short and reads are slowest. */
+ * process of the zone would wait on it. Every caller that finds the ledger's
+ * reading stale reads for itself: one that waited for another's reading in
+ * flight would decide on a stale one meanwhile. */
 int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r)
 {
     apr_int64_t age = now - __atomic_load_n(&g->read_us, __ATOMIC_ACQUIRE);
-    apr_int64_t claim;
     at_mem_source_t source;
 
     if (!__atomic_load_n(&g->bytes, __ATOMIC_RELAXED)
         || !(age >= AT_MEM_READ_US
              || (age >= AT_MEM_REREAD_US && !at_memgate_estimate(g, now)))) {
-        return 0;
-    }
-    claim = __atomic_load_n(&g->claim_us, __ATOMIC_ACQUIRE);
-    if ((claim && now - claim < AT_MEM_CLAIM_US)
-        || !__atomic_compare_exchange_n(&g->claim_us, &claim, now, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
         return 0;
     }
     r->at_us = now;
@@ -54,17 +47,14 @@ int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *
  * unannounced is remembered, and cancels the credit of the ends that
  * follow, so it is not counted twice as a promise coming true. Returns 1 if
  * this is the first reading that failed (for the caller to log, after the
- * lock). A reading begun before the one in the ledger is dropped: a
- * reader whose claim ran out may land after a newer one. */
+ * lock). A reading begun before the one in the ledger is dropped: readings
+ * taken side by side land in any order. */
 int at_memgate_apply(at_memgate_t *g, const at_mem_reading_t *r, apr_int64_t now,
                      apr_uint32_t active, at_memgate_young_fn young, void *ctx)
 {
     apr_uint64_t young_bytes;
-    apr_int64_t mine = r->at_us;
     double seen;
 
-    /* the reading in flight is this one: others may read again */
-    __atomic_compare_exchange_n(&g->claim_us, &mine, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
     if (r->at_us <= g->read_us) {
         return 0;
     }
