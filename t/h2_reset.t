@@ -44,10 +44,7 @@ ScriptAlias /h2z/ "$cgi/"
     SetHandler throttle-status
 </Location>
 CONF
-sub zone {
-    my ($k) = @_;
-    return ($srv->{get}->('/ts?auto')->{body} =~ /^Throttle\.h2z\.\Q$k\E: (\d+)$/m)[0] // -1;
-}
+sub zone { zone_stat($srv, 'h2z', @_) }
 
 my $holder = fork // die;
 if (!$holder) {

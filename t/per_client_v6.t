@@ -59,10 +59,7 @@ sub open6 {
     return $s;
 }
 sub answer { my $s = shift; local $/; my $raw = <$s> // ''; ($raw =~ m{^HTTP/\S+ (\d+)})[0] // 0 }
-sub zone {
-    my ($z, $k) = @_;
-    return ($srv->{get}->('/ts?auto')->{body} =~ /^Throttle\.\Q$z\E\.\Q$k\E: (\d+)$/m)[0] // -1;
-}
+sub zone { zone_stat($srv, @_) }
 
 my $first = open6('/one/probe.cgi?tag=v6&sleep=3000');
 wait_until(sub { zone('one', 'Active') == 1 }, 10) or die 'the first request never ran';

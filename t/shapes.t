@@ -104,10 +104,7 @@ ProxyPass /ws/ http://127.0.0.1:$ws_port/ upgrade=websocket
 </Location>
 CONF
 
-sub zone {
-    my ($z, $k) = @_;
-    return ($srv->{get}->('/ts?auto')->{body} =~ /^Throttle\.\Q$z\E\.\Q$k\E: (\d+)$/m)[0] // -1;
-}
+sub zone { zone_stat($srv, @_) }
 
 # 6 at once on $path (each 1 s of work, tagged $tag); returns the answers
 # and the highest count the backends saw.

@@ -22,6 +22,7 @@ our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count pr
                  probe_order probe_overlap_of probe_reset probe_release wait_until hostport server_pid
                  load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
+                 zone_stat
                  with_cpus stop_process test_seed);
 
 sub hostport { Apache::TestRequest::hostport() }
@@ -460,6 +461,13 @@ CONF
         wait_until(sub { !kill 0, $srv->{pid} }, 15);
     };
     return $srv;
+}
+
+# A counter of a private server's zone, from its status page at /ts
+# (SetHandler throttle-status); -1 if the page does not show it.
+sub zone_stat {
+    my ($srv, $zone, $key) = @_;
+    return ($srv->{get}->('/ts?auto')->{body} =~ /^Throttle\.\Q$zone\E\.\Q$key\E: (\d+)$/m)[0] // -1;
 }
 
 # A request sent on a connection the caller keeps (to close it, or to read
