@@ -32,7 +32,7 @@
  * lease of AT_CLUSTER_LEASE_PERIODS periods. */
 #define AT_CLUSTER_PERIOD_US (200 * APR_INT64_C(1000))
 #define AT_CLUSTER_TIMEOUT_US (50 * APR_INT64_C(1000))
-#define AT_CLUSTER_LEASE_PERIODS 4
+#define AT_CLUSTER_LEASE_PERIODS 10
 #define AT_CLUSTER_FLOOR 1
 
 /* cluster_fallback=: what a server runs once its lease has run out */

@@ -92,7 +92,9 @@ const char *at_parse_priority(apr_pool_t *p, const char *n, const char *opt,
     X(retry_after, " [retry_after=SECONDS|auto]")                        \
     X(retry_after_max, " [retry_after_max=SECONDS]")                     \
     X(status, " [status=503|429]")                                       \
-    X(dry_run, " [dry_run=on|off]")
+    X(dry_run, " [dry_run=on|off]")                                      \
+    X(cluster, " [cluster=NAME")                                         \
+    X(cluster_fallback, " [cluster_fallback=even|local|N]]")
 
 #define AT_ZONE_KEY_SYNTAX(name, syntax) syntax
 /* " limit=N|auto [min=N] …": what follows ThrottleZone NAME */

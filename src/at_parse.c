@@ -2,6 +2,7 @@
  * ThrottleZone argument parsing.
  */
 #include "at_parse.h"
+#include "at_cluster.h"
 
 #include <apr_lib.h>
 #include <apr_strings.h>
@@ -403,6 +404,21 @@ static const char *parse_codel(apr_pool_t *p, const char *v, at_zone_conf_t *c)
                : NULL;
 }
 
+/* cluster=NAME: a ThrottleCluster's name, which the glue looks up. */
+static const char *parse_cluster(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    const char *err = at_parse_zone_name(p, v);
+
+    c->cluster = err == NULL;
+    return err;
+}
+
+static const char *parse_cluster_fallback(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    (void)p;
+    return at_cluster_parse_fallback(v, &c->cluster_fallback, &c->cluster_fallback_n);
+}
+
 /* The table, in the order of the directive's usage string (AT_ZONE_KEYS). */
 #define AT_ZONE_KEY_ENTRY(name, syntax) {#name, parse_##name},
 static const struct {
@@ -568,6 +584,17 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     if (c.per_client && c.per_key) {
         return "per_client and per_key count in the same table: give one of them "
                "(per_key=N key=%{REMOTE_ADDR} counts addresses too, but whole)";
+    }
+    if (seen[key_index("cluster_fallback")] && !c.cluster) {
+        return "cluster_fallback= says what a cluster= zone runs without Redis: give "
+               "cluster=NAME too";
+    }
+    if (c.cluster && c.per_client) {
+        return "cluster= shares the zone's limit across servers, per_client counts on "
+               "this server only: give one of them";
+    }
+    if (c.cluster && c.limit_auto) {
+        return "cluster= takes a fixed limit (the fleet's total), not limit=auto";
     }
     if ((auto_err = bound_auto_limit(p, &c))) {
         return auto_err;

@@ -539,6 +539,7 @@ static void throttle_register_hooks(apr_pool_t *p)
     at_refuse_register();
     at_life_register_hooks();
     at_shm_register_hooks();
+    at_cluster_register_hooks();
 }
 
 module AP_MODULE_DECLARE_DATA adaptive_throttle_module = {

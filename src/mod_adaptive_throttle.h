@@ -29,6 +29,7 @@ typedef struct {
     at_zone_conf_t conf;
     ap_expr_info_t *key; /* key=: what per_key counts by; NULL: none */
     at_zone_t *zone;
+    const char *cluster; /* cluster=: a ThrottleCluster's name; NULL: none */
 } zone_ref_t;
 
 /* The module's per-server configuration. */
@@ -138,6 +139,18 @@ int at_may_wait(at_zone_t *z);
 int at_size_zones(server_rec *s, apr_pool_t *p);
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
 void at_workers_register_hooks(void);
+
+/* ThrottleCluster and cluster= zones (mod_adaptive_throttle_cluster.c):
+ * the directive, the value of cluster= among a zone's words, the limit a
+ * cluster zone starts a generation with (kept: the share it runs; new:
+ * none until granted), and its shared state for the status page (NULL
+ * unless ref is a cluster zone; *total: the fleet's). */
+#include "at_cluster.h"
+const char *at_set_cluster(cmd_parms *cmd, void *dummy, int argc, char *const argv[]);
+const char *at_cluster_name_in(apr_pool_t *p, int argc, char *const argv[]);
+void at_cluster_starting_conf(const zone_ref_t *ref, at_zone_t *kept, at_zone_conf_t *conf);
+const at_cluster_state_t *at_cluster_state_of(const zone_ref_t *ref, apr_uint32_t *total);
+void at_cluster_register_hooks(void);
 
 /* The module's own handlers (status, health) are never throttled. */
 int at_is_own_handler(const request_rec *r);

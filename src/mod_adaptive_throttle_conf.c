@@ -144,6 +144,7 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
     ref->defined_at = at_cmd_where(cmd);
     ref->conf = conf;
     ref->key = key;
+    ref->cluster = at_cluster_name_in(cmd->pool, argc - 1, argv + 1);
     return NULL;
 }
 
@@ -360,6 +361,11 @@ const command_rec at_throttle_cmds[] = {
                    "ThrottlePriority N [timeout=DURATION]: requests here wait in "
                    "priority order, higher first (-10 to 10, default 0); the timeout "
                    "replaces the zone's"),
+    AP_INIT_TAKE_ARGV("ThrottleCluster", at_set_cluster, NULL, RSRC_CONF,
+                      "ThrottleCluster NAME redis://HOST[:PORT][/DB]|unix:/PATH "
+                      "[password_file=PATH] [prefix=STR] [period=DURATION] "
+                      "[timeout=DURATION] [db=N]: a Redis through which servers share "
+                      "the limits of their cluster=NAME zones"),
     AP_INIT_TAKE1("ThrottleAgent", at_set_agent, NULL, RSRC_CONF,
                   "ThrottleAgent NAME: connections to this virtual host's address "
                   "get HAProxy's agent-check line for zone NAME instead of HTTP"),

@@ -59,14 +59,16 @@ static segment_t *zone_create(server_rec *s, zone_ref_t *ref)
     apr_shm_t *shm;
     apr_status_t rv;
     segment_t *seg;
+    at_zone_conf_t conf = ref->conf;
 
+    at_cluster_starting_conf(ref, NULL, &conf);
     /* Anonymous memory in the process pool: inherited by every child and
      * kept across graceful restarts until the server stops or the zone is
      * replaced and drained (free_retired). */
     rv = apr_shm_create(&shm, size, NULL, s->process->pool);
     if (rv == APR_SUCCESS) {
-        rv = at_zone_init(apr_shm_baseaddr_get(shm), size, ref->name, &ref->conf,
-                          nslots, nwaiters);
+        rv = at_zone_init(apr_shm_baseaddr_get(shm), size, ref->name, &conf, nslots,
+                          nwaiters);
     }
     if (rv != APR_SUCCESS) {
         ap_log_error(APLOG_MARK, APLOG_EMERG, rv, s,
@@ -180,8 +182,12 @@ int at_lay_zones(server_rec *s, apr_pool_t *ptemp)
          hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
         segment_t *seg = apr_hash_get(retained->zones, ref->name, APR_HASH_KEY_STRING);
-        apr_status_t rv = seg ? at_zone_reconfigure(seg->zone, &ref->conf) : APR_EINVAL;
+        at_zone_conf_t conf = ref->conf;
+        apr_status_t rv;
         segment_t *fresh;
+
+        at_cluster_starting_conf(ref, seg ? seg->zone : NULL, &conf);
+        rv = seg ? at_zone_reconfigure(seg->zone, &conf) : APR_EINVAL;
 
         if (rv == APR_SUCCESS) {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: kept across restart "

@@ -78,6 +78,15 @@ const field_t at_status_fields[NFIELDS] = {
     {"RateDelay", "rate_delay", NULL, NULL, GAUGE, NULL, IF_RATE},
     {"RateByKey", "rate_by_key", NULL, NULL, GAUGE, NULL, IF_RATE},
     {"RateKeys", "rate_keys", "rate_keys", NULL, GAUGE, "Keys whose rate= bucket is not empty (rate= with key=).", IF_RATE},
+    {"Cluster", "cluster", "cluster", NULL, GAUGE, "1 if the zone's limit is a fleet's, shared through Redis (cluster=).", ALWAYS},
+    {"ClusterTotal", "cluster_total", "cluster_total", NULL, GAUGE, "cluster=: the fleet's limit (the zone's limit=); the zone's Limit is this server's share.", IF_CLUSTER},
+    {"ClusterShare", "cluster_share", "cluster_share", NULL, GAUGE, "cluster=: the share Redis counts this server for.", IF_CLUSTER},
+    {"ClusterDemand", "cluster_demand", "cluster_demand", NULL, GAUGE, "cluster=: this server's demand (running + queued, smoothed) as last sent.", IF_CLUSTER},
+    {"ClusterMembers", "cluster_members", "cluster_members", NULL, GAUGE, "cluster=: servers seen at the last good sync, this one included.", IF_CLUSTER},
+    {"ClusterSyncAgeSeconds", "cluster_sync_age_seconds", "cluster_sync_age_seconds", NULL, GAUGE, "cluster=: seconds since the last good sync with Redis (-1: none yet).", IF_CLUSTER},
+    {"ClusterSyncOk", "cluster_sync_ok", "cluster_sync_ok", NULL, GAUGE, "cluster=: 1 if the last sync with Redis succeeded.", IF_CLUSTER},
+    {"ClusterFallback", "cluster_fallback", "cluster_fallback", NULL, GAUGE, "cluster=: 1 while the lease has run out and the zone runs cluster_fallback=.", IF_CLUSTER},
+    {"ClusterSyncFailures", "cluster_sync_failures", "cluster_sync_failures_total", NULL, COUNTER, "cluster=: syncs with Redis that failed.", IF_CLUSTER},
 #define F_COUNTER_ROW(field, key, json, prom, label, help) \
     {key, json, prom, label, COUNTER, help, ALWAYS},
     AT_ZONE_COUNTERS(F_COUNTER_ROW)
@@ -149,6 +158,29 @@ static void fill_values(zone_view_t *z)
 #undef F_COUNTER_VALUE
 }
 
+/* cluster=: the sync's state, in the memory the watchdog writes. */
+static void fill_cluster_values(zone_view_t *z, const zone_ref_t *ref)
+{
+    apr_uint32_t total = 0;
+    const at_cluster_state_t *st = at_cluster_state_of(ref, &total);
+    double *v = z->v;
+
+    if (!st) {
+        return;
+    }
+    v[F_CLUSTER] = 1;
+    v[F_CLUSTER_TOTAL] = total;
+    v[F_CLUSTER_SHARE] = st->share;
+    v[F_CLUSTER_DEMAND] = st->demand;
+    v[F_CLUSTER_MEMBERS] = st->members;
+    v[F_CLUSTER_SYNC_AGE] = st->last_ok_us ? (double)((at_now_us() - st->last_ok_us) / 1000)
+                                                 / 1000.0
+                                           : -1;
+    v[F_CLUSTER_SYNC_OK] = st->last_result == AT_CLUSTER_OK;
+    v[F_CLUSTER_FALLBACK] = st->fallback;
+    v[F_CLUSTER_SYNC_FAILURES] = (double)st->failures;
+}
+
 static apr_array_header_t *zone_views(apr_pool_t *p)
 {
     apr_array_header_t *refs = at_configured_zones(p);
@@ -162,6 +194,7 @@ static apr_array_header_t *zone_views(apr_pool_t *p)
         z->name = ref->name;
         at_zone_stats(ref->zone, &z->s);
         fill_values(z);
+        fill_cluster_values(z, ref);
         /* configuration, not the zone's: where max came from */
         z->v[F_LIMIT_MAX_FROM] = ref->conf.max_from;
     }
@@ -200,6 +233,7 @@ static int field_shown(const zone_view_t *z, int f)
     case IF_MEM: return z->s.mem_bytes > 0;
     case IF_CODEL: return z->s.codel_target_us > 0;
     case IF_RATE: return z->s.rate.interval_ns > 0;
+    case IF_CLUSTER: return z->v[F_CLUSTER] > 0;
     default: return 1;
     }
 }

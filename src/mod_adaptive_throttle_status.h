@@ -15,7 +15,7 @@ typedef enum { GAUGE, COUNTER } kind_t;
 /* Fields that mean something only for zones using a feature: HTML and
  * ?auto leave them out elsewhere; JSON and Prometheus keep one schema for
  * every zone (0 where the feature is off). */
-typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM, IF_CODEL, IF_RATE } shown_t;
+typedef enum { ALWAYS = 0, IF_AUTO, IF_MEM, IF_CODEL, IF_RATE, IF_CLUSTER } shown_t;
 
 typedef struct {
     const char *key;   /* ?auto and HTML: Throttle.<zone>.<key> */
@@ -37,6 +37,8 @@ enum {
     F_CODEL_TARGET, F_CODEL_INTERVAL, F_QUEUE_STANDING, F_QUEUE_STANDING_MS,
     F_MEM, F_MEM_AVAIL, F_MEM_SOURCE, F_MEM_AGE, F_MEM_HELD, F_MEM_ERRORS,
     F_RATE, F_RATE_BURST, F_RATE_DELAY, F_RATE_BY_KEY, F_RATE_KEYS,
+    F_CLUSTER, F_CLUSTER_TOTAL, F_CLUSTER_SHARE, F_CLUSTER_DEMAND, F_CLUSTER_MEMBERS,
+    F_CLUSTER_SYNC_AGE, F_CLUSTER_SYNC_OK, F_CLUSTER_FALLBACK, F_CLUSTER_SYNC_FAILURES,
 #define F_COUNTER_ENUM(field, ...) F_##field,
     AT_ZONE_COUNTERS(F_COUNTER_ENUM)
 #undef F_COUNTER_ENUM

@@ -14,11 +14,13 @@
 #include <cmocka.h>
 
 #include <apr_general.h>
+#include <apr_strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "at_cluster.h"
+#include "at_parse.h"
 
 #define MS APR_INT64_C(1000)
 #define STEP_US (10 * MS)
@@ -314,6 +316,42 @@ static void test_fallback_parse_and_limit(void **state)
     assert_non_null(at_cluster_parse_fallback("3x", &kind, &n));
 }
 
+/* cluster= and cluster_fallback= among a zone's words. */
+static const char *parse_words(apr_pool_t *p, const char *line, at_zone_conf_t *c)
+{
+    const char *argv[8];
+    char *last, *w, *copy = apr_pstrdup(p, line);
+    int argc = 0;
+
+    for (w = apr_strtok(copy, " ", &last); w && argc < 8; w = apr_strtok(NULL, " ", &last)) {
+        argv[argc++] = w;
+    }
+    return at_parse_zone_args(p, argc, argv, c);
+}
+
+static void test_zone_keys(void **state)
+{
+    apr_pool_t *p;
+    at_zone_conf_t c;
+    (void)state;
+
+    apr_pool_create(&p, NULL);
+    assert_null(parse_words(p, "limit=12 cluster=fleet", &c));
+    assert_int_equal(c.cluster, 1);
+    assert_int_equal(c.cluster_fallback, AT_CLUSTER_FALLBACK_EVEN);
+    assert_null(parse_words(p, "limit=12 cluster=fleet cluster_fallback=3", &c));
+    assert_int_equal(c.cluster_fallback, AT_CLUSTER_FALLBACK_FIXED);
+    assert_int_equal(c.cluster_fallback_n, 3);
+    assert_null(parse_words(p, "limit=12 cluster=fleet cluster_fallback=local", &c));
+    assert_int_equal(c.cluster_fallback, AT_CLUSTER_FALLBACK_LOCAL);
+    assert_non_null(strstr(parse_words(p, "limit=4 cluster_fallback=2", &c), "cluster=NAME"));
+    assert_non_null(strstr(parse_words(p, "limit=4 per_client=1 cluster=f", &c), "per_client"));
+    assert_non_null(strstr(parse_words(p, "limit=auto cluster=f", &c), "fixed limit"));
+    assert_non_null(parse_words(p, "limit=4 cluster=f cluster_fallback=most", &c));
+    assert_non_null(parse_words(p, "limit=4 cluster=a/b", &c));
+    apr_pool_destroy(p);
+}
+
 /* ---- the fleet --------------------------------------------------------- */
 
 static void test_shares_follow_demand(void **state)
@@ -532,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_fair_share_is_max_min),
         cmocka_unit_test(test_grant_raises_only_into_free_capacity),
         cmocka_unit_test(test_fallback_parse_and_limit),
+        cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
         cmocka_unit_test(test_store_down_falls_back_then_shares_again),
