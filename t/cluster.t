@@ -16,7 +16,7 @@ use POSIX ();
 use Time::HiRes qw(time sleep);
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 15, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 17, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -70,7 +70,9 @@ my $probes = "$work/probes";
 mkdir $probes;
 chmod 0777, $probes;
 sub member {
-    return private_server(cgi_conf($probes) . <<"CONF");
+    # mod_cgi: mod_cgid's daemon restarts with a graceful restart, and the
+    # requests of that moment would fail rather than run
+    return private_server(cgi_conf($probes) . <<"CONF", cgi_not_cgid => 1);
 ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=200ms timeout=50ms prefix=t$rport
 ThrottleZone cz limit=$total queue=100 timeout=60s cluster=fleet cluster_fallback=1
 <Location /cgi-bin/>
@@ -126,6 +128,20 @@ ok t_cmp($max <= $total ? 1 : 0, 1,
 my $sum = 0;
 $sum += stat_of($_, 'ClusterShare') for @s;
 ok t_cmp($sum <= $total ? 1 : 0, 1, "the shares Redis holds sum to $total at most ($sum)");
+
+# A graceful restart of one server under load: it keeps its share and its
+# name in Redis (the parent's pid), and the fleet stays within the total.
+@l = load(\@s, 4, 5, 100);
+sleep 1;
+kill 'USR1', $s[0]{pid};
+reap(@l);
+(undef, $max) = probe_count_in($probes, 'fleet');
+ok t_cmp($max <= $total ? 1 : 0, 1,
+         "a graceful restart under load: never more than $total at once (ran $max)");
+ok t_cmp(wait_until(sub { !grep { stat_of($_, 'ClusterMembers') != 3
+                                  || stat_of($_, 'ClusterSyncOk') != 1 } @s }, 15), 1,
+         'after it, three members still, all syncing: '
+         . join(' ', map { stat_of($_, 'ClusterMembers') } @s));
 
 # Redis stopped: each server runs its fallback once its lease is out.
 redis_stop();
