@@ -172,15 +172,6 @@ const char *at_set_cluster(cmd_parms *cmd, void *dummy, int argc, char *const ar
     if (err) {
         return err;
     }
-#ifndef HAVE_HIREDIS
-    (void)argc;
-    (void)argv;
-    (void)d;
-    (void)i;
-    return "ThrottleCluster: this mod_adaptive_throttle was built without hiredis, so "
-           "it cannot share limits through Redis (rebuild it with libhiredis-dev "
-           "installed)";
-#else
     if (argc < 2) {
         return "ThrottleCluster needs a name and a URL, e.g. ThrottleCluster fleet "
                "redis://127.0.0.1:6379/0";
@@ -211,9 +202,13 @@ const char *at_set_cluster(cmd_parms *cmd, void *dummy, int argc, char *const ar
     if (err) {
         return apr_psprintf(cmd->pool, "ThrottleCluster %s %s: %s", argv[0], argv[1], err);
     }
+#ifndef HAVE_HIREDIS
+    return "ThrottleCluster: this mod_adaptive_throttle was built without hiredis, so "
+           "it cannot share limits through Redis (rebuild it with libhiredis-dev "
+           "installed)";
+#endif
     apr_hash_set(clusters, d->name, APR_HASH_KEY_STRING, d);
     return NULL;
-#endif
 }
 
 const char *at_cluster_name_in(apr_pool_t *p, int argc, char *const argv[])
