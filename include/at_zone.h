@@ -290,6 +290,9 @@ extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */
 extern void (*at_test_lock_held_hook)(apr_int64_t ns);
+/* Test builds only: entries a status read (at_zone_stats) walked, and how
+ * many of them while it held the zone's lock. */
+extern apr_uint32_t at_test_scrape_walked, at_test_scrape_walked_locked;
 #define AT_STEP(where, n) (at_test_step_hook ? at_test_step_hook(where, n) : (void)0)
 #else
 #define AT_STEP(where, n) ((void)0)

@@ -206,6 +206,9 @@ int zone_trylock(at_zone_t *z);
 int zone_lock_until(at_zone_t *z, apr_int64_t until_us);
 void zone_unlock(at_zone_t *z);
 at_result_t zone_lock_refusal(at_zone_t *z, int rc);
+#ifdef AT_TEST_HOOKS
+int zone_test_holding_lock(void);
+#endif
 
 /* at_zone_life.c: a published definition, applied by the next holder */
 void zone_apply_published_conf(at_zone_t *z);

@@ -158,9 +158,19 @@ static apr_int64_t clock_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (apr_int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
-#define NOTE_LOCK_TAKEN() (at_test_lock_held_hook ? (void)(lock_taken_ns = clock_ns()) : (void)0)
+/* Whether this thread holds a zone's lock: a scrape's walks are counted
+ * against it. */
+static __thread int holding;
+
+int zone_test_holding_lock(void)
+{
+    return holding;
+}
+#define NOTE_LOCK_TAKEN() \
+    (holding = 1, at_test_lock_held_hook ? (void)(lock_taken_ns = clock_ns()) : (void)0)
 #define NOTE_LOCK_LET_GO() \
-    (at_test_lock_held_hook ? at_test_lock_held_hook(clock_ns() - lock_taken_ns) : (void)0)
+    (holding = 0,   \
+     at_test_lock_held_hook ? at_test_lock_held_hook(clock_ns() - lock_taken_ns) : (void)0)
 #else
 #define NOTE_LOCK_TAKEN() ((void)0)
 #define NOTE_LOCK_LET_GO() ((void)0)

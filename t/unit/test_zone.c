@@ -1531,6 +1531,55 @@ static void test_repair_is_logged_without_the_lock(void **state)
     zone_free(z);
 }
 
+/* A status read holds the lock for a copy: the per-key table, the slots
+ * and the 16,384 rate= buckets are walked after it is let go. */
+static void test_scrape_walks_outside_the_lock(void **state)
+{
+    at_zone_conf_t c = {.limit = 8, .queue = 8, .timeout_us = 1000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .per_key = 4, .keyed = 1,
+                        .rate = {.interval_ns = APR_INT64_C(1000000000), .burst = 2,
+                                 .delay = AT_RATE_NODELAY}};
+    at_zone_t *z = zone_new_conf(&c);
+    at_ticket_t held[3];
+    at_zone_stats_t s;
+    char text[32];
+    (void)state;
+
+    /* a bucket for each of many keys */
+    for (int i = 0; i < 4000; i++) {
+        at_client_key_t k;
+        at_ticket_t t;
+        at_request_t rq = {.client = &k, .may_wait = 1};
+
+        snprintf(text, sizeof(text), "key-%d", i);
+        at_zone_key_from_text(z, text, strlen(text), &k);
+        assert_int_equal(at_zone_acquire_req(z, &t, &rq, NULL, NULL), AT_ADMITTED);
+        at_zone_release(z, &t);
+    }
+    for (int i = 0; i < 3; i++) {
+        at_client_key_t k;
+        at_request_t rq = {.client = &k, .may_wait = 1};
+
+        at_zone_key_from_text(z, "busy", 4, &k);
+        assert_int_equal(at_zone_acquire_req(z, &held[i], &rq, NULL, NULL), AT_ADMITTED);
+    }
+    __atomic_store_n(&at_test_scrape_walked, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&at_test_scrape_walked_locked, 0, __ATOMIC_SEQ_CST);
+    at_zone_stats(z, &s);
+    assert_false(s.stale);
+    assert_true(s.rate_keys >= 16384);
+    assert_true(s.rate_keys_in >= 3000); /* the buckets walked are the zone's */
+    assert_int_equal(s.nbusiest, 1);
+    assert_int_equal(s.busiest[0].count, 3);
+    assert_true(s.oldest_pid == getpid());
+    assert_true(at_test_scrape_walked >= s.rate_keys + s.nslots);
+    assert_int_equal(at_test_scrape_walked_locked, 0);
+    for (int i = 0; i < 3; i++) {
+        at_zone_release(z, &held[i]);
+    }
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1568,6 +1617,7 @@ int main(void)
         cmocka_unit_test(test_death_in_a_handoff_to_a_waiter_that_left),
         cmocka_unit_test(test_windows_are_logged_without_the_lock),
         cmocka_unit_test(test_repair_is_logged_without_the_lock),
+        cmocka_unit_test(test_scrape_walks_outside_the_lock),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
