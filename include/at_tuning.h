@@ -12,6 +12,9 @@
 #define AT_RECLAIM_INTERVAL_US 250000
 /* The longest a status read or an error page waits for a zone's lock. */
 #define AT_GLANCE_LOCK_US 200000
+/* The longest a request waits for the lock to count its body in
+ * read_body_total, or to give it back. */
+#define AT_BODY_LOCK_US 50000
 /* The longest a request that is done waits for its zone's lock to give its
  * slot back; then the next holder does it. */
 #define AT_RELEASE_LOCK_US 200000

@@ -162,6 +162,8 @@ typedef struct {
     at_rate_conf_t rate;
     int rate_by_key;
     apr_uint32_t rate_keys, rate_keys_in;
+    /* read_body_total=: the bound, and the body bytes held under it now */
+    apr_uint64_t body_cap, body_held;
 } at_zone_stats_t;
 
 /* Called while a request waits; return non-zero when it should give up. */
@@ -222,6 +224,18 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
  * full of waiters it cannot displace. Read before a request's body is: a
  * request about to be refused is not asked for its body. */
 int at_zone_looks_full(const at_zone_t *z, int priority);
+
+/* read_body_total: room for a body of bytes about to be read before its
+ * request has a slot (the most it may hold, when its length is unknown).
+ * Returns a handle for at_zone_body_let_go, or 0 when the zone's bodies
+ * would pass the bound (or every record is taken, or the lock is held
+ * past a short wait): the body is then left to the handler to read. A
+ * dead process's bodies are given back by reclaim. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes);
+/* Once the request leaves the queue, whatever its outcome. */
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle);
+/* The bytes held now, without the lock. */
+apr_uint64_t at_zone_body_held(const at_zone_t *z);
 
 /* Returns the service time in us, or -1 if the slot had been reclaimed. */
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);

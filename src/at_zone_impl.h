@@ -55,6 +55,18 @@ typedef struct {
     unsigned char client_pad[7];
 } at_waiter_t;
 
+/* read_body_total=: a body read (or being read) before its request has a
+ * slot, by bytes. The records of dead processes are given back by
+ * reclaim, and the zone's total is counted again from the records by a
+ * repair. */
+#define AT_BODY_RECORDS 1024
+typedef struct {
+    at_owner_t owner; /* pid 0: free */
+    apr_uint64_t bytes;
+    apr_int32_t next;     /* the free list */
+    apr_int32_t released; /* let go without the lock: the next holder frees it */
+} at_body_t;
+
 /* A priority's totals, kept in the zone. */
 typedef struct {
     apr_uint64_t admitted, rejected;
@@ -138,6 +150,13 @@ struct at_zone {
     apr_uint32_t rate_by_key;
     apr_uint32_t pad4;
     at_rate_table_t rate;
+
+    /* read_body_total=: the bound, the bytes held under it now (the sum of
+     * the records' bytes), and the records */
+    apr_uint64_t body_cap, body_held;
+    apr_int32_t free_body;
+    apr_uint32_t pad5;
+    at_body_t body[AT_BODY_RECORDS];
 };
 
 static inline at_slot_t *slots(at_zone_t *z)
@@ -190,6 +209,9 @@ apr_int32_t zone_slot_take(at_zone_t *z, const at_owner_t *owner, apr_uint64_t t
                            const at_client_key_t *client, apr_int64_t now);
 void zone_slot_put(at_zone_t *z, apr_int32_t i);
 int zone_leave_waiting(at_waiter_t *w, apr_int32_t to);
+void zone_body_free(at_zone_t *z, apr_int32_t i);
+/* After a repair: the free list and the total, from the records. */
+void zone_body_recount(at_zone_t *z);
 
 /* at_zone.c: who runs next (lock held), and mem= around the lock */
 void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);

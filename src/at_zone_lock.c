@@ -138,6 +138,7 @@ static void zone_repair(at_zone_t *z)
         zone_queue_push(z, waiting);
     }
     zone_recount_clients(z);
+    zone_body_recount(z);
     /* the tidy that follows frees what was left without the lock, though
      * the dead holder may have cleared the mark in the middle of its own */
     __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
@@ -214,7 +215,7 @@ static int zone_lock_result(at_zone_t *z, int rc)
 }
 
 /* Lock held: frees the records whose waiters left without the lock, and
- * the slots let go without it. */
+ * the slots and bodies let go without it. */
 static void tidy_left(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -223,6 +224,13 @@ static void tidy_left(at_zone_t *z)
     for (apr_uint32_t i = 0; i < z->nslots; i++) {
         if (s[i].owner.pid != 0 && __atomic_load_n(&s[i].released, __ATOMIC_ACQUIRE)) {
             zone_slot_put(z, (apr_int32_t)i);
+        }
+    }
+
+    for (apr_int32_t i = 0; i < AT_BODY_RECORDS; i++) {
+        if (z->body[i].owner.pid != 0
+            && __atomic_load_n(&z->body[i].released, __ATOMIC_ACQUIRE)) {
+            zone_body_free(z, i);
         }
     }
 

@@ -1,7 +1,9 @@
 /*
  * A zone's records: slots and waiting records with their free lists, the
- * queue in priority order, per-client counts, and the futex word a waiter
- * sleeps on. The lock is held throughout, except to wake and sleep.
+ * queue in priority order, per-client counts, the futex word a waiter
+ * sleeps on, and the bodies read before a slot (read_body_total). The
+ * lock is held throughout, except to wake and sleep; the bodies' front
+ * (at_zone_body_hold, at_zone_body_let_go) takes it itself.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -281,4 +283,85 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
     }
     w->state = W_GONE;
     return 0;
+}
+
+/* ---- read_body_total: bodies held by requests without a slot ---------- */
+
+void zone_body_free(at_zone_t *z, apr_int32_t i)
+{
+    at_body_t *b = &z->body[i];
+
+    z->body_held -= b->bytes < z->body_held ? b->bytes : z->body_held;
+    b->owner.pid = 0;
+    b->bytes = 0;
+    __atomic_store_n(&b->released, 0, __ATOMIC_RELAXED);
+    b->next = z->free_body;
+    z->free_body = i;
+}
+
+void zone_body_recount(at_zone_t *z)
+{
+    apr_uint64_t held = 0;
+
+    z->free_body = NONE;
+    for (apr_int32_t i = AT_BODY_RECORDS - 1; i >= 0; i--) {
+        at_body_t *b = &z->body[i];
+
+        if (b->owner.pid == 0) {
+            b->bytes = 0;
+            b->next = z->free_body;
+            z->free_body = i;
+        }
+        else {
+            held += b->bytes;
+        }
+    }
+    z->body_held = held;
+}
+
+/* Bytes for a body about to be read before its request has a slot. The
+ * lock is waited for AT_BODY_LOCK_US at most: a request that cannot have
+ * it in time simply does not read its body first. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes)
+{
+    apr_int32_t i = NONE;
+
+    if (!bytes || zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        return 0;
+    }
+    if (z->free_body != NONE && bytes <= z->body_cap && z->body_held <= z->body_cap - bytes) {
+        at_body_t *b;
+
+        i = z->free_body;
+        b = &z->body[i];
+        z->free_body = b->next;
+        b->bytes = bytes;
+        b->next = NONE;
+        b->owner = *at_owner_self(); /* last: a record with an owner counts */
+        z->body_held += bytes;
+    }
+    zone_unlock(z);
+    return i + 1;
+}
+
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle)
+{
+    apr_int32_t i = handle - 1;
+
+    if (i < 0 || i >= AT_BODY_RECORDS) {
+        return;
+    }
+    if (zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        /* the holder of the lock, or the next one, frees it */
+        __atomic_store_n(&z->body[i].released, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    zone_body_free(z, i);
+    zone_unlock(z);
+}
+
+apr_uint64_t at_zone_body_held(const at_zone_t *z)
+{
+    return __atomic_load_n(&z->body_held, __ATOMIC_RELAXED);
 }

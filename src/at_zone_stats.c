@@ -198,6 +198,8 @@ static void stats_without_lock(at_zone_t *z, at_zone_stats_t *o)
     o->nslots = z->nslots;
     o->nwaiters = z->nwaiters - z->nslots;
     o->rate_keys = z->rate.n;
+    o->body_cap = z->body_cap;
+    o->body_held = at_zone_body_held(z);
 #define AT_COUNTER_COPY(field, ...) o->counters.field = __atomic_load_n(&z->counters.field, __ATOMIC_RELAXED);
     AT_ZONE_COUNTERS(AT_COUNTER_COPY)
 #undef AT_COUNTER_COPY
@@ -351,6 +353,8 @@ static void stats_locked(at_zone_t *z, apr_int64_t now, at_zone_stats_t *o)
     o->rate = z->rate_conf;
     o->rate_by_key = (int)z->rate_by_key;
     o->rate_keys = z->rate.n;
+    o->body_cap = z->body_cap;
+    o->body_held = z->body_held;
 }
 
 /* The lock is held for a copy of fixed size and of the per-client table:
