@@ -164,7 +164,10 @@ typedef struct {
     apr_uint32_t rate_keys, rate_keys_in;
 } at_zone_stats_t;
 
-/* Called while a request waits; return non-zero when it should give up. */
+/* Called while a request waits; return non-zero when it should give up.
+ * One thread of the process asks it for every request waiting there in
+ * turn, so it may run on another thread than the request's: it must only
+ * look (the request's thread sleeps meanwhile). */
 typedef int (*at_abort_fn)(void *ctx);
 
 /* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */

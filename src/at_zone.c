@@ -471,20 +471,26 @@ static apr_uint32_t secs_from_ns(apr_int64_t ns)
 static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_fn abort_fn,
                                   void *ctx)
 {
+    apr_uint32_t word = 0; /* this process's checker moves it if the client goes */
+    zone_here_t me;
     apr_int64_t now;
 
+    zone_here_join(&me, abort_fn, ctx, &word);
     while ((now = at_now_us()) < until_us) {
-        apr_int64_t step = until_us - now < AT_WAIT_SLICE_US ? until_us - now : AT_WAIT_SLICE_US;
+        apr_uint32_t seen = __atomic_load_n(&word, __ATOMIC_SEQ_CST);
+        apr_int64_t wake = until_us;
 
-        apr_sleep(step);
-        if (abort_fn && abort_fn(ctx)) {
+        if (zone_here_gone(&me, now, &wake)) {
+            zone_here_leave(&me);
             if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
                 z->counters.aborted++;
                 zone_unlock(z);
             }
             return AT_ABORTED;
         }
+        zone_sleep_on_word(&word, seen, wake - now);
     }
+    zone_here_leave(&me);
     return 0;
 }
 

@@ -125,7 +125,10 @@ struct at_zone {
     at_zone_conf_t conf_pending;
     /* records left without the lock since the last tidy (W_LEFT...) */
     apr_uint32_t left;
-    apr_uint32_t pad3;
+    /* The waiter that wakes for the zone while others sleep: to look for
+     * the dead every AT_RECLAIM_INTERVAL_US, and with mem= or a replaced
+     * zone to dispatch every AT_WAIT_SLICE_US. NONE while nobody waits. */
+    apr_int32_t watcher;
     /* The zone this one replaced at a restart (grown past its memory):
      * what still runs there counts against this zone's limit. An address
      * in the parent's memory, the same in every child; the parent clears
@@ -183,6 +186,7 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i);
 void zone_queue_unlink(at_zone_t *z, apr_int32_t i);
 void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i);
 void zone_waiter_free(at_zone_t *z, apr_int32_t i);
+
 apr_int32_t zone_slot_pop_free(at_zone_t *z);
 void zone_slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
                     apr_uint64_t ticket, const at_client_key_t *client, apr_int64_t now);
@@ -230,6 +234,23 @@ void zone_log_window(const at_zone_t *z, const window_note_t *note);
 /* at_zone_reclaim.c: giving back what dead processes held */
 apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);
 int zone_take_reclaim_if_due(at_zone_t *z, apr_int64_t now);
+
+/* at_zone_wait.c: the requests waiting in this process (queued, or held
+ * back by rate_delay=), one of which at a time looks at all their clients
+ * every AT_CLIENT_CHECK_US and wakes those whose client has gone: the
+ * others sleep until a reason. word: what the request sleeps on. */
+typedef struct zone_here {
+    struct zone_here *prev, *next;
+    at_abort_fn fn;
+    void *ctx;
+    apr_uint32_t *word;
+    int gone; /* its client has gone: set by the process's checker */
+} zone_here_t;
+void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word);
+void zone_here_leave(zone_here_t *me);
+/* 1 if its client has gone; else *until is lowered to when this waiter
+ * must look at the process's clients, if that is its turn. */
+int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until);
 
 /* at_zone_wait.c: a queued request waits for its slot */
 at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,

@@ -112,7 +112,7 @@ static void zone_repair(at_zone_t *z)
     }
     zone_rebuild_free_slots(z);
     z->free_waiter = NONE;
-    z->qhead = z->qtail = NONE;
+    z->qhead = z->qtail = z->watcher = NONE;
     note_change(z);
     z->queued = 0;
     memset(z->queued_at, 0, sizeof(z->queued_at));
@@ -132,10 +132,16 @@ static void zone_repair(at_zone_t *z)
         else if (w[i].state == W_LEFT) {
             w[i].state = W_GONE; /* the queue is rebuilt without it */
         }
+        else if (w[i].state == W_GRANTED || w[i].state == W_EVICTED) {
+            zone_wake_word(&w[i].wake); /* the dead holder's wake-up may not have gone */
+        }
     }
     for (waiting = sort_waiting(w, waiting, n); waiting != NONE; waiting = next) {
         next = w[waiting].next;
         zone_queue_push(z, waiting);
+    }
+    if (z->watcher != NONE) {
+        zone_wake_word(&w[z->watcher].wake); /* to learn it watches */
     }
     zone_recount_clients(z);
     /* the tidy that follows frees what was left without the lock, though

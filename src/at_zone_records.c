@@ -164,6 +164,9 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i)
     }
     z->queued++;
     z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    if (z->watcher == NONE) {
+        z->watcher = i; /* it sees so before it sleeps */
+    }
     queue_length_changed(z);
 }
 
@@ -186,6 +189,14 @@ void zone_queue_unlink(at_zone_t *z, apr_int32_t i)
     }
     z->queued--;
     z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    if (z->watcher == i) {
+        /* The newest waiter takes over, woken to learn it: in FIFO order it
+         * is the last to leave, so the role rarely moves. */
+        z->watcher = z->qtail;
+        if (z->qtail != NONE) {
+            zone_wake_word(&w[z->qtail].wake);
+        }
+    }
     queue_length_changed(z);
 }
 
