@@ -216,7 +216,7 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
         w->owner = *at_owner_self();
         w->ticket = t->ticket;
         w->slot = NONE;
-        w->state = W_OVER_CAP;
+        zone_waiter_move(w, W_OVER_CAP);
         z->over_cap++;
         t->over_cap = wi + 1;
     }
@@ -257,8 +257,7 @@ static void end_over_cap(at_zone_t *z, at_ticket_t *t)
         zone_unlock(z);
     }
     else if (rc == ETIMEDOUT && over_cap_record_is(w, t)
-             && __atomic_compare_exchange_n(&w->state, &st, W_OVER_ENDED, 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+             && zone_waiter_cas(w, &st, W_OVER_ENDED)) {
         __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
     }
 }
@@ -323,7 +322,7 @@ static apr_int32_t enqueue(at_zone_t *z, const at_ticket_t *t, const at_request_
     w->slot = NONE;
     w->client = *rq->client;
     w->priority = rq->priority;
-    w->state = W_WAITING;
+    zone_waiter_move(w, W_WAITING);
     zone_queue_push(z, wi);
     zone_client_add(z, rq->client);
     z->counters.queued_total++;

@@ -202,7 +202,7 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
     z->free_waiter = NONE;
     z->qhead = z->qtail = z->watcher = NONE;
     for (apr_int32_t i = (apr_int32_t)z->nwaiters - 1; i >= 0; i--) {
-        zone_waiter_free(z, i);
+        zone_waiter_link_free(z, i); /* zeroed: W_FREE */
     }
     z->layout = zone_layout();
     z->magic = ZONE_MAGIC;

@@ -67,7 +67,7 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
         return;
     }
     zone_slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
-    w->state = W_GRANTED;
+    zone_waiter_move(w, W_GRANTED);
     zone_wake_word(&w->wake);
 }
 
@@ -124,13 +124,13 @@ static void zone_repair(at_zone_t *z)
             n++;
         }
         else if (w[i].state == W_FREE) {
-            zone_waiter_free(z, (apr_int32_t)i);
+            zone_waiter_link_free(z, (apr_int32_t)i);
         }
         else if (w[i].state == W_OVER_CAP || w[i].state == W_OVER_ENDED) {
             z->over_cap++; /* an ended one's count goes back at the tidy */
         }
         else if (w[i].state == W_LEFT) {
-            w[i].state = W_GONE; /* the queue is rebuilt without it */
+            zone_waiter_move(&w[i], W_GONE); /* the queue is rebuilt without it */
         }
         else if (w[i].state == W_GRANTED || w[i].state == W_EVICTED) {
             zone_wake_word(&w[i].wake); /* the dead holder's wake-up may not have gone */

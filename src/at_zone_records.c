@@ -6,6 +6,9 @@
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -209,9 +212,14 @@ void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i)
 
 void zone_waiter_free(at_zone_t *z, apr_int32_t i)
 {
+    zone_waiter_move(&waiters(z)[i], W_FREE);
+    zone_waiter_link_free(z, i);
+}
+
+void zone_waiter_link_free(at_zone_t *z, apr_int32_t i)
+{
     at_waiter_t *w = &waiters(z)[i];
 
-    w->state = W_FREE;
     w->owner.pid = 0;
     w->slot = NONE;
     w->next = z->free_waiter;
@@ -286,10 +294,33 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
 {
     apr_int32_t was = W_WAITING;
 
-    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+    if (zone_waiter_cas(w, &was, to)) {
         return 1;
     }
-    w->state = W_GONE;
+    zone_waiter_move(w, W_GONE); /* it was W_LEFT: only its waiter moves it unlocked */
     return 0;
 }
+
+#ifdef AT_CHECK_WAITER_MOVES
+static const char *waiter_state_name(apr_int32_t s)
+{
+    static const char *const names[W_STATES] = {
+        "W_FREE", "W_WAITING", "W_GRANTED", "W_EVICTED", "W_OVER_CAP",
+        "W_LEFT", "W_GONE", "W_TAKEN", "W_DROP", "W_OVER_ENDED"};
+
+    return s >= 0 && s < W_STATES ? names[s] : "(not a state)";
+}
+
+/* Also on stderr (httpd's error log): with no logger installed, as in the
+ * unit tests, the line would be lost with the process. */
+void zone_waiter_bad_move(apr_int32_t from, apr_int32_t to)
+{
+    static const char fmt[] = "zone: a waiting record moved from %s to %s, which its "
+                              "table of states forbids";
+
+    at_log(LOG_CRIT, fmt, waiter_state_name(from), waiter_state_name(to));
+    fprintf(stderr, fmt, waiter_state_name(from), waiter_state_name(to));
+    fputc('\n', stderr);
+    abort();
+}
+#endif

@@ -160,13 +160,11 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
                                       at_result_t refused)
 {
     apr_int32_t keep = refused == AT_ABORTED ? W_DROP : W_TAKEN;
-    apr_int32_t st = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE);
-    apr_int32_t to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
+    apr_int32_t st = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE), to;
 
-    while (!__atomic_compare_exchange_n(&w->state, &st, to, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
+    do {
         to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
-    }
+    } while (!zone_waiter_cas(w, &st, to));
     __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
     if (to == W_TAKEN) {
         t->slot = w->slot;
