@@ -166,7 +166,10 @@ typedef struct {
     apr_uint64_t body_cap, body_held;
 } at_zone_stats_t;
 
-/* Called while a request waits; return non-zero when it should give up. */
+/* Called while a request waits; return non-zero when it should give up.
+ * One thread of the process asks it for every request waiting there in
+ * turn, so it may run on another thread than the request's: it must only
+ * look (the request's thread sleeps meanwhile). */
 typedef int (*at_abort_fn)(void *ctx);
 
 /* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */
@@ -294,9 +297,11 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 
 
 #ifdef AT_TEST_HOOKS
-/* Test builds only: called at each step of a hand-off of a slot, so that a
- * test can end the process there and see what lock repair makes of it. */
-enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL };
+/* Test builds only: called at each step of a hand-off of a slot, and after
+ * each change of a waiting record's state (step: from * W_STATES + to), so
+ * that a test can end the process there and see what lock repair and
+ * reclaim make of it. */
+enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER };
 /* Test builds only: how many reclaim passes have looked at the records, and
  * how many times a request has waited for the zone's lock. */
 extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;

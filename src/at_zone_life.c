@@ -62,7 +62,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
     AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
-    AT_FIELD(at_zone_t, pad3),         AT_FIELD(at_zone_t, predecessor),
+    AT_FIELD(at_zone_t, watcher),         AT_FIELD(at_zone_t, predecessor),
     AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
     AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate),
     AT_FIELD(at_zone_t, body_cap),     AT_FIELD(at_zone_t, body_held),
@@ -209,9 +209,9 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 
     zone_rebuild_free_slots(z);
     z->free_waiter = NONE;
-    z->qhead = z->qtail = NONE;
+    z->qhead = z->qtail = z->watcher = NONE;
     for (apr_int32_t i = (apr_int32_t)z->nwaiters - 1; i >= 0; i--) {
-        zone_waiter_free(z, i);
+        zone_waiter_link_free(z, i); /* zeroed: W_FREE */
     }
     zone_body_recount(z);
     z->layout = zone_layout();

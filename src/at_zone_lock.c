@@ -67,7 +67,7 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
         return;
     }
     zone_slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
-    w->state = W_GRANTED;
+    zone_waiter_move(w, W_GRANTED);
     zone_wake_word(&w->wake);
 }
 
@@ -112,7 +112,7 @@ static void zone_repair(at_zone_t *z)
     }
     zone_rebuild_free_slots(z);
     z->free_waiter = NONE;
-    z->qhead = z->qtail = NONE;
+    z->qhead = z->qtail = z->watcher = NONE;
     note_change(z);
     z->queued = 0;
     memset(z->queued_at, 0, sizeof(z->queued_at));
@@ -124,18 +124,24 @@ static void zone_repair(at_zone_t *z)
             n++;
         }
         else if (w[i].state == W_FREE) {
-            zone_waiter_free(z, (apr_int32_t)i);
+            zone_waiter_link_free(z, (apr_int32_t)i);
         }
         else if (w[i].state == W_OVER_CAP || w[i].state == W_OVER_ENDED) {
             z->over_cap++; /* an ended one's count goes back at the tidy */
         }
         else if (w[i].state == W_LEFT) {
-            w[i].state = W_GONE; /* the queue is rebuilt without it */
+            zone_waiter_move(&w[i], W_GONE); /* the queue is rebuilt without it */
+        }
+        else if (w[i].state == W_GRANTED || w[i].state == W_EVICTED) {
+            zone_wake_word(&w[i].wake); /* the dead holder's wake-up may not have gone */
         }
     }
     for (waiting = sort_waiting(w, waiting, n); waiting != NONE; waiting = next) {
         next = w[waiting].next;
         zone_queue_push(z, waiting);
+    }
+    if (z->watcher != NONE) {
+        zone_wake_word(&w[z->watcher].wake); /* to learn it watches */
     }
     zone_recount_clients(z);
     zone_body_recount(z);

@@ -8,6 +8,9 @@
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,6 +169,9 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i)
     }
     z->queued++;
     z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    if (z->watcher == NONE) {
+        z->watcher = i; /* it sees so before it sleeps */
+    }
     queue_length_changed(z);
 }
 
@@ -188,6 +194,14 @@ void zone_queue_unlink(at_zone_t *z, apr_int32_t i)
     }
     z->queued--;
     z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    if (z->watcher == i) {
+        /* The newest waiter takes over, woken to learn it: in FIFO order it
+         * is the last to leave, so the role rarely moves. */
+        z->watcher = z->qtail;
+        if (z->qtail != NONE) {
+            zone_wake_word(&w[z->qtail].wake);
+        }
+    }
     queue_length_changed(z);
 }
 
@@ -200,9 +214,14 @@ void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i)
 
 void zone_waiter_free(at_zone_t *z, apr_int32_t i)
 {
+    zone_waiter_move(&waiters(z)[i], W_FREE);
+    zone_waiter_link_free(z, i);
+}
+
+void zone_waiter_link_free(at_zone_t *z, apr_int32_t i)
+{
     at_waiter_t *w = &waiters(z)[i];
 
-    w->state = W_FREE;
     w->owner.pid = 0;
     w->slot = NONE;
     w->next = z->free_waiter;
@@ -277,11 +296,10 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
 {
     apr_int32_t was = W_WAITING;
 
-    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+    if (zone_waiter_cas(w, &was, to)) {
         return 1;
     }
-    w->state = W_GONE;
+    zone_waiter_move(w, W_GONE); /* it was W_LEFT: only its waiter moves it unlocked */
     return 0;
 }
 
@@ -365,3 +383,27 @@ apr_uint64_t at_zone_body_held(const at_zone_t *z)
 {
     return __atomic_load_n(&z->body_held, __ATOMIC_RELAXED);
 }
+
+#ifdef AT_CHECK_WAITER_MOVES
+static const char *waiter_state_name(apr_int32_t s)
+{
+    static const char *const names[W_STATES] = {
+        "W_FREE", "W_WAITING", "W_GRANTED", "W_EVICTED", "W_OVER_CAP",
+        "W_LEFT", "W_GONE", "W_TAKEN", "W_DROP", "W_OVER_ENDED"};
+
+    return s >= 0 && s < W_STATES ? names[s] : "(not a state)";
+}
+
+/* Also on stderr (httpd's error log): with no logger installed, as in the
+ * unit tests, the line would be lost with the process. */
+void zone_waiter_bad_move(apr_int32_t from, apr_int32_t to)
+{
+    static const char fmt[] = "zone: a waiting record moved from %s to %s, which its "
+                              "table of states forbids";
+
+    at_log(LOG_CRIT, fmt, waiter_state_name(from), waiter_state_name(to));
+    fprintf(stderr, fmt, waiter_state_name(from), waiter_state_name(to));
+    fputc('\n', stderr);
+    abort();
+}
+#endif
