@@ -216,7 +216,7 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
         w->owner = *at_owner_self();
         w->ticket = t->ticket;
         w->slot = NONE;
-        w->state = W_OVER_CAP;
+        zone_waiter_move(w, W_OVER_CAP);
         z->over_cap++;
         t->over_cap = wi + 1;
     }
@@ -257,8 +257,7 @@ static void end_over_cap(at_zone_t *z, at_ticket_t *t)
         zone_unlock(z);
     }
     else if (rc == ETIMEDOUT && over_cap_record_is(w, t)
-             && __atomic_compare_exchange_n(&w->state, &st, W_OVER_ENDED, 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+             && zone_waiter_cas(w, &st, W_OVER_ENDED)) {
         __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
     }
 }
@@ -323,7 +322,7 @@ static apr_int32_t enqueue(at_zone_t *z, const at_ticket_t *t, const at_request_
     w->slot = NONE;
     w->client = *rq->client;
     w->priority = rq->priority;
-    w->state = W_WAITING;
+    zone_waiter_move(w, W_WAITING);
     zone_queue_push(z, wi);
     zone_client_add(z, rq->client);
     z->counters.queued_total++;
@@ -471,20 +470,26 @@ static apr_uint32_t secs_from_ns(apr_int64_t ns)
 static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_fn abort_fn,
                                   void *ctx)
 {
+    apr_uint32_t word = 0; /* this process's checker moves it if the client goes */
+    zone_here_t me;
     apr_int64_t now;
 
+    zone_here_join(&me, abort_fn, ctx, &word);
     while ((now = at_now_us()) < until_us) {
-        apr_int64_t step = until_us - now < AT_WAIT_SLICE_US ? until_us - now : AT_WAIT_SLICE_US;
+        apr_uint32_t seen = __atomic_load_n(&word, __ATOMIC_SEQ_CST);
+        apr_int64_t wake = until_us;
 
-        apr_sleep(step);
-        if (abort_fn && abort_fn(ctx)) {
+        if (zone_here_gone(&me, now, &wake)) {
+            zone_here_leave(&me);
             if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
                 z->counters.aborted++;
                 zone_unlock(z);
             }
             return AT_ABORTED;
         }
+        zone_sleep_on_word(&word, seen, wake - now);
     }
+    zone_here_leave(&me);
     return 0;
 }
 

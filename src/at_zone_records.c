@@ -1,11 +1,16 @@
 /*
  * A zone's records: slots and waiting records with their free lists, the
- * queue in priority order, per-client counts, and the futex word a waiter
- * sleeps on. The lock is held throughout, except to wake and sleep.
+ * queue in priority order, per-client counts, the futex word a waiter
+ * sleeps on, and the bodies read before a slot (read_body_total). The
+ * lock is held throughout, except to wake and sleep; the bodies' front
+ * (at_zone_body_hold, at_zone_body_let_go) takes it itself.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -164,6 +169,9 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i)
     }
     z->queued++;
     z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    if (z->watcher == NONE) {
+        z->watcher = i; /* it sees so before it sleeps */
+    }
     queue_length_changed(z);
 }
 
@@ -186,6 +194,14 @@ void zone_queue_unlink(at_zone_t *z, apr_int32_t i)
     }
     z->queued--;
     z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    if (z->watcher == i) {
+        /* The newest waiter takes over, woken to learn it: in FIFO order it
+         * is the last to leave, so the role rarely moves. */
+        z->watcher = z->qtail;
+        if (z->qtail != NONE) {
+            zone_wake_word(&w[z->qtail].wake);
+        }
+    }
     queue_length_changed(z);
 }
 
@@ -198,9 +214,14 @@ void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i)
 
 void zone_waiter_free(at_zone_t *z, apr_int32_t i)
 {
+    zone_waiter_move(&waiters(z)[i], W_FREE);
+    zone_waiter_link_free(z, i);
+}
+
+void zone_waiter_link_free(at_zone_t *z, apr_int32_t i)
+{
     at_waiter_t *w = &waiters(z)[i];
 
-    w->state = W_FREE;
     w->owner.pid = 0;
     w->slot = NONE;
     w->next = z->free_waiter;
@@ -275,10 +296,114 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
 {
     apr_int32_t was = W_WAITING;
 
-    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+    if (zone_waiter_cas(w, &was, to)) {
         return 1;
     }
-    w->state = W_GONE;
+    zone_waiter_move(w, W_GONE); /* it was W_LEFT: only its waiter moves it unlocked */
     return 0;
 }
+
+/* ---- read_body_total: bodies held by requests without a slot ---------- */
+
+void zone_body_free(at_zone_t *z, apr_int32_t i)
+{
+    at_body_t *b = &z->body[i];
+
+    z->body_held -= b->bytes < z->body_held ? b->bytes : z->body_held;
+    b->owner.pid = 0;
+    b->bytes = 0;
+    __atomic_store_n(&b->released, 0, __ATOMIC_RELAXED);
+    b->next = z->free_body;
+    z->free_body = i;
+}
+
+void zone_body_recount(at_zone_t *z)
+{
+    apr_uint64_t held = 0;
+
+    z->free_body = NONE;
+    for (apr_int32_t i = AT_BODY_RECORDS - 1; i >= 0; i--) {
+        at_body_t *b = &z->body[i];
+
+        if (b->owner.pid == 0) {
+            b->bytes = 0;
+            b->next = z->free_body;
+            z->free_body = i;
+        }
+        else {
+            held += b->bytes;
+        }
+    }
+    z->body_held = held;
+}
+
+/* Bytes for a body about to be read before its request has a slot. The
+ * lock is waited for AT_BODY_LOCK_US at most: a request that cannot have
+ * it in time simply does not read its body first. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes)
+{
+    apr_int32_t i = NONE;
+
+    if (!bytes || zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        return 0;
+    }
+    if (z->free_body != NONE && bytes <= z->body_cap && z->body_held <= z->body_cap - bytes) {
+        at_body_t *b;
+
+        i = z->free_body;
+        b = &z->body[i];
+        z->free_body = b->next;
+        b->bytes = bytes;
+        b->next = NONE;
+        b->owner = *at_owner_self(); /* last: a record with an owner counts */
+        z->body_held += bytes;
+    }
+    zone_unlock(z);
+    return i + 1;
+}
+
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle)
+{
+    apr_int32_t i = handle - 1;
+
+    if (i < 0 || i >= AT_BODY_RECORDS) {
+        return;
+    }
+    if (zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        /* the holder of the lock, or the next one, frees it */
+        __atomic_store_n(&z->body[i].released, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    zone_body_free(z, i);
+    zone_unlock(z);
+}
+
+apr_uint64_t at_zone_body_held(const at_zone_t *z)
+{
+    return __atomic_load_n(&z->body_held, __ATOMIC_RELAXED);
+}
+
+#ifdef AT_CHECK_WAITER_MOVES
+static const char *waiter_state_name(apr_int32_t s)
+{
+    static const char *const names[W_STATES] = {
+        "W_FREE", "W_WAITING", "W_GRANTED", "W_EVICTED", "W_OVER_CAP",
+        "W_LEFT", "W_GONE", "W_TAKEN", "W_DROP", "W_OVER_ENDED"};
+
+    return s >= 0 && s < W_STATES ? names[s] : "(not a state)";
+}
+
+/* Also on stderr (httpd's error log): with no logger installed, as in the
+ * unit tests, the line would be lost with the process. */
+void zone_waiter_bad_move(apr_int32_t from, apr_int32_t to)
+{
+    static const char fmt[] = "zone: a waiting record moved from %s to %s, which its "
+                              "table of states forbids";
+
+    at_log(LOG_CRIT, fmt, waiter_state_name(from), waiter_state_name(to));
+    fprintf(stderr, fmt, waiter_state_name(from), waiter_state_name(to));
+    fputc('\n', stderr);
+    abort();
+}
+#endif
