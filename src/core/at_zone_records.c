@@ -1,7 +1,8 @@
 /*
  * A zone's records: slots and waiting records with their free lists, the
- * queue in priority order, per-client counts, and the futex word a waiter
- * sleeps on. The lock is held throughout, except to wake and sleep.
+ * queue in priority order, per-client counts, the futex word a waiter
+ * sleeps on, and who runs next. The lock is held throughout, except to
+ * wake and sleep. The bottom of the zone: it calls no other zone file.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -12,6 +13,10 @@
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#endif
+
+#ifdef AT_TEST_HOOKS
+void (*at_test_step_hook)(int where, int step);
 #endif
 
 /* ---- requests per client (lock held): counted while per_client is set -- */
@@ -264,10 +269,6 @@ void zone_slot_put(at_zone_t *z, apr_int32_t i)
     z->active--;
 }
 
-/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
- * record names its slot before the slot names its owner, and the grant
- * comes last: a process that dies anywhere in between leaves a hand-off
- * that zone_repair completes from the waiter's record. */
 /* Lock held, the record out of the queue: moves a waiting record on,
  * unless its waiter left without the lock first (then it is W_GONE, for the
  * tidy, and 0 is returned). */
@@ -281,4 +282,95 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
     }
     w->state = W_GONE;
     return 0;
+}
+
+/* ---- who runs next (lock held) ------------------------------------- */
+
+/* Requests running against this zone's limit: its own, and those still
+ * running in the zones it replaced at restarts, until they end. */
+apr_uint32_t zone_running(const at_zone_t *z)
+{
+    apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    int depth = 0;
+
+    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < 8;
+         z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
+        n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
+/* Judged at this moment: a reading that was fresh before a long wait for
+ * the lock is not any more. A zone without mem= reads no clock for it:
+ * this is on every request's path. */
+int zone_mem_allows(at_zone_t *z)
+{
+    return !z->mem.bytes || at_memgate_estimate(&z->mem, at_now_us());
+}
+
+/* The slots a request of this priority may fill: reserve= keeps the last
+ * ones for priorities above 0, and always leaves one for the rest. */
+apr_uint32_t zone_slots_for(const at_zone_t *z, int priority)
+{
+    apr_uint32_t keep = z->reserve;
+
+    if (priority > 0 || !keep) {
+        return z->limit;
+    }
+    if (keep >= z->limit) {
+        keep = z->limit ? z->limit - 1 : 0;
+    }
+    return z->limit - keep;
+}
+
+/* Who runs next: the head of the queue (the oldest of the highest
+ * priority waiting), or with order=lifo while the queue stands the newest
+ * of that priority, the last before the queue's priority drops. */
+static apr_int32_t next_to_run(const at_zone_t *z, apr_int64_t now)
+{
+    const at_waiter_t *w = waiters((at_zone_t *)z);
+    apr_int32_t i = z->qhead;
+
+    if (z->order != AT_ORDER_LIFO || i == NONE
+        || at_codel_standing_for(&z->codel, now, z->typical_service_us) == 0) {
+        return i;
+    }
+    while (w[i].next != NONE && w[w[i].next].priority == w[z->qhead].priority) {
+        i = w[i].next;
+    }
+    return i;
+}
+
+/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
+ * record names its slot before the slot names its owner, and the grant
+ * comes last: a process that dies anywhere in between leaves a hand-off
+ * that zone_repair completes from the waiter's record. */
+void zone_dispatch(at_zone_t *z)
+{
+    at_waiter_t *w = waiters(z);
+    apr_int64_t now = at_now_us();
+
+    while (z->qhead != NONE && zone_running(z) < zone_slots_for(z, w[z->qhead].priority) &&
+           z->free_slot != NONE && zone_mem_allows(z)) {
+        apr_int32_t i = next_to_run(z, now), slot;
+
+        zone_queue_unlink(z, i);
+        AT_STEP(AT_STEP_DISPATCH, 1);
+        slot = zone_slot_pop_free(z);
+        AT_STEP(AT_STEP_DISPATCH, 2);
+        w[i].slot = slot;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 3);
+        zone_slot_fill(z, slot, &w[i].owner, w[i].ticket, &w[i].client, now);
+        at_memgate_started(&z->mem);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 4);
+        if (!zone_leave_waiting(&w[i], W_GRANTED)) {
+            AT_STEP(AT_STEP_DISPATCH, 6);
+            zone_slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
+            continue;
+        }
+        AT_STEP(AT_STEP_DISPATCH, 5);
+        zone_wake_word(&w[i].wake);
+    }
 }
