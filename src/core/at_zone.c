@@ -216,10 +216,8 @@ static int evict_for(at_zone_t *z, int priority)
 /* Priorities outside the range are taken as its nearest end. */
 static void fill_request_defaults(at_request_t *rq, const at_zone_t *z)
 {
-    static const at_client_key_t nobody;
-
     if (!rq->client) {
-        rq->client = &nobody;
+        rq->client = &at_client_nobody;
     }
     rq->priority = rq->priority < AT_PRIORITY_MIN   ? AT_PRIORITY_MIN
                    : rq->priority > AT_PRIORITY_MAX ? AT_PRIORITY_MAX
@@ -438,7 +436,6 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
 
 at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
 {
-    static const at_client_key_t nobody;
     apr_int64_t now = at_now_us();
     at_result_t r = AT_REJECTED_FULL;
     int rc;
@@ -449,7 +446,7 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
     }
     t->ticket = ++z->next_ticket;
     if (can_run_now(z, 0)) {
-        t->slot = zone_slot_take(z, at_owner_self(), t->ticket, &nobody, now);
+        t->slot = zone_slot_take(z, at_owner_self(), t->ticket, &at_client_nobody, now);
         at_memgate_started(&z->mem);
         t->granted_us = now;
         r = AT_ADMITTED;
