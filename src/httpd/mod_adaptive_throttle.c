@@ -4,7 +4,7 @@
  * for a slot in the handler phase, before any handler runs; it is let
  * through, waits, or is refused with the zone's status and Retry-After,
  * and its slot goes back when the response is done (a filter, or the
- * request's pool). The zone itself is the APR-only core (src/at_zone*.c);
+ * request's pool). The zone itself is the APR-only core (src/core/at_zone*.c);
  * the directives are in mod_adaptive_throttle_conf.c, the shared memory's
  * life in mod_adaptive_throttle_shm.c.
  */
