@@ -12,7 +12,13 @@
  *     workers stopped so that neither waits for the lock.
  * One line of figures per run, tab-separated, for bench/scale-report.
  *
+ * With SHAPE scrape, a status read instead: a zone of the same limit with
+ * per_key and rate= by key, every one of its 16,384 rate buckets filled and
+ * its per-key table holding the slots' keys, read SCRAPES times by
+ * at_zone_stats; how long each read held the lock, and took in all.
+ *
  *   scale SHAPE QUEUE SECONDS      SHAPE: prefork or event
+ *   scale scrape QUEUE SCRAPES
  */
 #include <pthread.h>
 #include <signal.h>
@@ -195,6 +201,95 @@ static apr_int64_t median_i64(apr_int64_t *v, int n)
     return v[n / 2];
 }
 
+/* ---- scrape: a status read of a zone with a full rate table ------------- */
+
+static apr_int64_t scrape_hold_ns;
+
+static void note_scrape_hold(apr_int64_t ns)
+{
+    scrape_hold_ns = ns;
+}
+
+static at_zone_t *scrape_zone_new(apr_uint32_t queue)
+{
+    at_zone_conf_t c = {.limit = LIMIT, .queue = queue, .per_key = 4, .keyed = 1,
+                        .timeout_us = 60 * APR_INT64_C(1000000),
+                        .retry_after = AT_RETRY_AFTER_AUTO,
+                        .rate = {.interval_ns = APR_INT64_C(60000000000), .burst = 1,
+                                 .delay = AT_RATE_NODELAY}};
+    apr_uint32_t nslots = LIMIT * 2, nwaiters = queue * 2;
+    apr_size_t size = at_zone_size(nslots, nwaiters, at_rate_keys_for(&c.rate, 1));
+    void *mem = map_shared(size);
+
+    if (at_zone_init(mem, size, "scrape", &c, nslots, nwaiters)) {
+        fprintf(stderr, "scale: cannot lay out a zone\n");
+        exit(1);
+    }
+    return mem;
+}
+
+/* A request of key "k<i>": it spends the key's bucket (a minute long, so
+ * that every bucket stays full) and, if held, counts in the per-key table. */
+static at_result_t acquire_key(at_zone_t *z, int i, at_ticket_t *t)
+{
+    char text[32];
+    at_client_key_t k;
+    at_request_t rq = {.client = &k, .may_wait = 0};
+
+    snprintf(text, sizeof(text), "k%d", i);
+    at_zone_key_from_text(z, text, strlen(text), &k);
+    return at_zone_acquire_req(z, t, &rq, NULL, NULL);
+}
+
+/* shape queue records rate_keys keys_in clients scrapes hold_p50 p99 max
+ * read_p50 (ns) */
+static int run_scrape(apr_uint32_t queue, int scrapes)
+{
+    at_zone_t *z = scrape_zone_new(queue);
+    at_ticket_t held[LIMIT];
+    apr_int64_t *hold = calloc((size_t)scrapes, sizeof(*hold));
+    apr_int64_t *read = calloc((size_t)scrapes, sizeof(*read));
+    at_zone_stats_t st;
+    int n = 0;
+
+    for (int i = LIMIT; i < 4 * AT_RATE_KEYS; i++) {
+        at_ticket_t t;
+
+        if (acquire_key(z, i, &t) == AT_ADMITTED) {
+            at_zone_release(z, &t);
+        }
+    }
+    for (int i = 0; i < LIMIT; i++) {
+        if (acquire_key(z, i, &held[i]) != AT_ADMITTED) {
+            fprintf(stderr, "scale: key %d not admitted\n", i);
+            return 1;
+        }
+    }
+    for (int i = 0; i < 10; i++) {
+        at_zone_stats(z, &st); /* the first reads fault in the copy's pages */
+    }
+    at_test_lock_held_hook = note_scrape_hold;
+    for (int i = 0; i < scrapes; i++) {
+        apr_int64_t t0 = clock_ns();
+
+        at_zone_stats(z, &st);
+        read[i] = clock_ns() - t0;
+        hold[i] = scrape_hold_ns;
+        n++;
+    }
+    at_test_lock_held_hook = NULL;
+    qsort(hold, (size_t)n, sizeof(*hold), cmp_i64);
+    qsort(read, (size_t)n, sizeof(*read), cmp_i64);
+    printf("scrape\t%u\t%u\t%u\t%u\t%u\t%d\t%lld\t%lld\t%lld\t%lld\n", queue,
+           2 * st.nslots + st.nwaiters, st.rate_keys, st.rate_keys_in, st.clients, n,
+           (long long)hold[n / 2], (long long)hold[(int)(n * 0.99)], (long long)hold[n - 1],
+           (long long)read[n / 2]);
+    for (int i = 0; i < LIMIT; i++) {
+        at_zone_release(z, &held[i]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int procs, threads, npairs = 0, nsamples = 0;
@@ -205,10 +300,15 @@ int main(int argc, char **argv)
     pid_t *kids;
     at_zone_stats_t st;
 
-    if (argc < 2 || (strcmp(argv[1], "prefork") && strcmp(argv[1], "event")) || queue < 1
-        || seconds < 1) {
-        fprintf(stderr, "usage: scale prefork|event QUEUE SECONDS\n");
+    if (argc < 2
+        || (strcmp(argv[1], "prefork") && strcmp(argv[1], "event") && strcmp(argv[1], "scrape"))
+        || queue < 1 || seconds < 1) {
+        fprintf(stderr, "usage: scale prefork|event QUEUE SECONDS, or scale scrape QUEUE "
+                "SCRAPES\n");
         return 2;
+    }
+    if (strcmp(argv[1], "scrape") == 0) {
+        return run_scrape(queue, seconds);
     }
     /* as many workers as the zone's slots of priority 0 and its queue,
      * and a few more, so that the queue stays full */

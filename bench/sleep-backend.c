@@ -6,7 +6,15 @@
  * costs no fork per request: on two cores its throughput keeps rising with
  * concurrency, which makes it the truly sleep-bound case of S4.
  *
- * Usage: sleep-backend -p PORT [-m MS=200] [-d SECONDS=600]
+ * With -M CAP it is a backend of limited capacity (a database, an API
+ * that takes CAP requests at once): a request that starts while more than
+ * CAP are in progress waits MS x (in progress / CAP)^2, as contention makes
+ * every request slower. With -s FILE it counts itself: every 100 ms it
+ * appends "MS_SINCE_START PEAK" to FILE, PEAK being the most requests it
+ * had in progress at once in those 100 ms, so that a cap in front of it is
+ * judged by the backend, not by the module.
+ *
+ * Usage: sleep-backend -p PORT [-m MS=200] [-d SECONDS=600] [-M CAP] [-s FILE]
  * Listens on 127.0.0.1 only and exits after SECONDS whatever happens.
  */
 #include <arpa/inet.h>
@@ -24,6 +32,9 @@
 #include <unistd.h>
 
 static long wait_ms = 200;
+static long capacity; /* 0: no limit, the wait is always wait_ms */
+static long in_progress, peak;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void nap(long ms)
 {
@@ -92,6 +103,54 @@ static int wants_close(const char *head)
     return eol && eol - head >= 8 && strncmp(eol - 8, "HTTP/1.0", 8) == 0;
 }
 
+/* One more request in progress; returns how long it waits. */
+static long begin_request(void)
+{
+    long n, ms = wait_ms;
+
+    pthread_mutex_lock(&count_lock);
+    n = ++in_progress;
+    if (n > peak) {
+        peak = n;
+    }
+    pthread_mutex_unlock(&count_lock);
+    if (capacity > 0 && n > capacity) {
+        ms = (long)((double)wait_ms * (double)n * (double)n /
+                    ((double)capacity * (double)capacity));
+    }
+    return ms;
+}
+
+static void end_request(void)
+{
+    pthread_mutex_lock(&count_lock);
+    in_progress--;
+    pthread_mutex_unlock(&count_lock);
+}
+
+/* Every 100 ms, the peak of requests in progress since the last line. */
+static void *record_peaks(void *arg)
+{
+    FILE *f = arg;
+    struct timespec t0, t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        long p;
+
+        nap(100);
+        pthread_mutex_lock(&count_lock);
+        p = peak;
+        peak = in_progress;
+        pthread_mutex_unlock(&count_lock);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        fprintf(f, "%ld %ld\n",
+                (long)((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000), p);
+        fflush(f);
+    }
+    return NULL;
+}
+
 /* Serves one connection: each request read whole (a body by its
  * Content-Length), then the wait, then the answer. */
 static void *serve(void *arg)
@@ -147,7 +206,8 @@ static void *serve(void *arg)
         memmove(buf, buf + used, have - used);
         have -= used;
 
-        nap(wait_ms);
+        nap(begin_request());
+        end_request();
         if (write_all(fd, answer, sizeof(answer) - 1) < 0 || close_after) {
             goto done;
         }
@@ -161,21 +221,25 @@ int main(int argc, char **argv)
 {
     int port = 0, opt, one = 1, lfd;
     unsigned seconds = 600;
+    const char *peaks = NULL;
     struct sockaddr_in sa;
     pthread_attr_t attr;
+    static const char usage[] = "usage: %s -p PORT [-m MS] [-d SECONDS] [-M CAP] [-s FILE]\n";
 
-    while ((opt = getopt(argc, argv, "p:m:d:")) != -1) {
+    while ((opt = getopt(argc, argv, "p:m:d:M:s:")) != -1) {
         switch (opt) {
         case 'p': port = atoi(optarg); break;
         case 'm': wait_ms = atol(optarg); break;
         case 'd': seconds = (unsigned)atoi(optarg); break;
+        case 'M': capacity = atol(optarg); break;
+        case 's': peaks = optarg; break;
         default:
-            fprintf(stderr, "usage: %s -p PORT [-m MS] [-d SECONDS]\n", argv[0]);
+            fprintf(stderr, usage, argv[0]);
             return 2;
         }
     }
-    if (port <= 0 || port > 65535 || wait_ms < 0 || seconds == 0) {
-        fprintf(stderr, "usage: %s -p PORT [-m MS] [-d SECONDS]\n", argv[0]);
+    if (port <= 0 || port > 65535 || wait_ms < 0 || seconds == 0 || capacity < 0) {
+        fprintf(stderr, usage, argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -194,6 +258,15 @@ int main(int argc, char **argv)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (peaks) {
+        FILE *f = fopen(peaks, "a");
+        pthread_t t;
+
+        if (!f || pthread_create(&t, &attr, record_peaks, f) != 0) {
+            perror("sleep-backend: -s");
+            return 1;
+        }
+    }
     for (;;) {
         int fd = accept(lfd, NULL, NULL);
         pthread_t t;

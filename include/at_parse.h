@@ -16,6 +16,9 @@
  * held in memory per request. */
 #define AT_READ_BODY_DEFAULT (64 * 1024)
 #define AT_READ_BODY_MAX (16 * 1024 * 1024)
+/* read_body_total: what the requests of one zone that have no slot yet
+ * hold of bodies read first, together: 16 MiB, a queue of 256 at 64 KiB. */
+#define AT_READ_BODY_TOTAL_DEFAULT (16 * 1024 * 1024)
 
 /* status=: what a refused request is answered with. 429 tells a load
  * balancer the request may be replayed on another host and is not a
@@ -81,6 +84,7 @@ const char *at_parse_priority(apr_pool_t *p, const char *n, const char *opt,
     X(rate_delay, " [rate_delay=N] [key=EXPR]]")                         \
     X(mem, " [mem=SIZE]")                                                \
     X(read_body, " [read_body=SIZE]")                                    \
+    X(read_body_total, " [read_body_total=SIZE]")                        \
     X(reserve, " [reserve=N]")                                           \
     X(codel, " [codel=TARGET[:INTERVAL]")                                \
     X(order, " [order=fifo|lifo]]")                                      \

@@ -71,7 +71,8 @@ void at_rate_table_init(at_rate_table_t *t, at_rate_entry_t *entries, apr_uint32
 apr_int64_t *at_rate_bucket(at_rate_table_t *t, const at_client_key_t *k, apr_int64_t now,
                             int *forgot);
 
-/* Keys whose bucket is not empty at now (a pass over the table). */
+/* Keys whose bucket is not empty at now (a pass over the table, each
+ * bucket read whole: it may run without the zone's lock). */
 apr_uint32_t at_rate_keys_in(const at_rate_table_t *t, apr_int64_t now);
 
 #endif

@@ -6,12 +6,18 @@
 #ifndef AT_TUNING_H
 #define AT_TUNING_H
 
-/* Intervals, in microseconds: how often a waiter looks at its client, and
- * how often a zone checks its owners for dead processes. */
-#define AT_WAIT_SLICE_US 50000
+/* Intervals, in microseconds: how often one waiter of each process looks
+ * at the clients of every request waiting in that process; how often a
+ * zone checks its owners for dead processes; and, with mem= or a zone
+ * replaced at a restart, how often the zone's watching waiter dispatches. */
+#define AT_CLIENT_CHECK_US 500000
 #define AT_RECLAIM_INTERVAL_US 250000
+#define AT_WAIT_SLICE_US 50000
 /* The longest a status read or an error page waits for a zone's lock. */
 #define AT_GLANCE_LOCK_US 200000
+/* The longest a request waits for the lock to count its body in
+ * read_body_total, or to give it back. */
+#define AT_BODY_LOCK_US 50000
 /* The longest a request that is done waits for its zone's lock to give its
  * slot back; then the next holder does it. */
 #define AT_RELEASE_LOCK_US 200000

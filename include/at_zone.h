@@ -162,9 +162,14 @@ typedef struct {
     at_rate_conf_t rate;
     int rate_by_key;
     apr_uint32_t rate_keys, rate_keys_in;
+    /* read_body_total=: the bound, and the body bytes held under it now */
+    apr_uint64_t body_cap, body_held;
 } at_zone_stats_t;
 
-/* Called while a request waits; return non-zero when it should give up. */
+/* Called while a request waits; return non-zero when it should give up.
+ * One thread of the process asks it for every request waiting there in
+ * turn, so it may run on another thread than the request's: it must only
+ * look (the request's thread sleeps meanwhile). */
 typedef int (*at_abort_fn)(void *ctx);
 
 /* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */
@@ -223,6 +228,18 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
  * request about to be refused is not asked for its body. */
 int at_zone_looks_full(const at_zone_t *z, int priority);
 
+/* read_body_total: room for a body of bytes about to be read before its
+ * request has a slot (the most it may hold, when its length is unknown).
+ * Returns a handle for at_zone_body_let_go, or 0 when the zone's bodies
+ * would pass the bound (or every record is taken, or the lock is held
+ * past a short wait): the body is then left to the handler to read. A
+ * dead process's bodies are given back by reclaim. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes);
+/* Once the request leaves the queue, whatever its outcome. */
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle);
+/* The bytes held now, without the lock. */
+apr_uint64_t at_zone_body_held(const at_zone_t *z);
+
 /* Returns the service time in us, or -1 if the slot had been reclaimed. */
 apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t);
 
@@ -280,9 +297,11 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 
 
 #ifdef AT_TEST_HOOKS
-/* Test builds only: called at each step of a hand-off of a slot, so that a
- * test can end the process there and see what lock repair makes of it. */
-enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL };
+/* Test builds only: called at each step of a hand-off of a slot, and after
+ * each change of a waiting record's state (step: from * W_STATES + to), so
+ * that a test can end the process there and see what lock repair and
+ * reclaim make of it. */
+enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER };
 /* Test builds only: how many reclaim passes have looked at the records, and
  * how many times a request has waited for the zone's lock. */
 extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;
@@ -290,6 +309,9 @@ extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */
 extern void (*at_test_lock_held_hook)(apr_int64_t ns);
+/* Test builds only: entries a status read (at_zone_stats) walked, and how
+ * many of them while it held the zone's lock. */
+extern apr_uint32_t at_test_scrape_walked, at_test_scrape_walked_locked;
 #define AT_STEP(where, n) (at_test_step_hook ? at_test_step_hook(where, n) : (void)0)
 #else
 #define AT_STEP(where, n) ((void)0)

@@ -52,6 +52,7 @@ typedef struct {
     apr_uint32_t keyed;       /* key= given (in the glue): per_key and rate= go by it */
     apr_uint32_t pad2;
     at_rate_conf_t rate;      /* rate=, rate_delay= */
+    apr_uint64_t read_body_total; /* bodies read before a slot, together; 0: none */
 } at_zone_conf_t;
 
 /* retry_after=auto never advises more than this many seconds unless

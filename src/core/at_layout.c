@@ -152,7 +152,7 @@ static const at_field_t zone_conf_fields[] = {
     AT_FIELD(at_zone_conf_t, codel_target_us), AT_FIELD(at_zone_conf_t, codel_interval_us),
     AT_FIELD(at_zone_conf_t, per_key),         AT_FIELD(at_zone_conf_t, order),
     AT_FIELD(at_zone_conf_t, keyed),           AT_FIELD(at_zone_conf_t, pad2),
-    AT_FIELD(at_zone_conf_t, rate)};
+    AT_FIELD(at_zone_conf_t, rate),            AT_FIELD(at_zone_conf_t, read_body_total)};
 
 static const at_field_t rate_conf_fields[] = {
     AT_FIELD(at_rate_conf_t, interval_ns), AT_FIELD(at_rate_conf_t, burst),

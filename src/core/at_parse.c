@@ -305,6 +305,11 @@ static const char *parse_read_body(apr_pool_t *p, const char *v, at_zone_conf_t 
     return at_parse_size(p, v, 1, AT_READ_BODY_MAX, &c->read_body);
 }
 
+static const char *parse_read_body_total(apr_pool_t *p, const char *v, at_zone_conf_t *c)
+{
+    return at_parse_size(p, v, 1, AT_MEM_MAX, &c->read_body_total);
+}
+
 static const char *parse_retry_after_max(apr_pool_t *p, const char *v, at_zone_conf_t *c)
 {
     apr_uint64_t n;
@@ -509,6 +514,7 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
     at_zone_conf_t c = {.timeout_us = 4 * APR_INT64_C(1000000),
                         .retry_after = AT_RETRY_AFTER_AUTO,
                         .read_body = AT_READ_BODY_DEFAULT,
+                        .read_body_total = AT_READ_BODY_TOTAL_DEFAULT,
                         .retry_after_max = AT_RETRY_AFTER_CEILING,
                         .refuse_status = AT_REFUSE_STATUS_DEFAULT,
                         .client_v6_prefix = AT_CLIENT_V6_PREFIX,
@@ -564,6 +570,11 @@ const char *at_parse_zone_args(apr_pool_t *p, int argc,
         return apr_psprintf(p, "rate_delay=%u is more than the burst (%u): only requests "
                             "within the burst can wait their turn", c.rate.delay,
                             c.rate.burst);
+    }
+    if (seen[key_index("read_body_total")] && c.read_body_total < c.read_body) {
+        return apr_psprintf(p, "read_body_total=%" APR_UINT64_T_FMT " is less than "
+                            "read_body=%" APR_UINT64_T_FMT ": a body of read_body bytes "
+                            "would never be read first", c.read_body_total, c.read_body);
     }
     if (c.per_client && c.per_key) {
         return "per_client and per_key count in the same table: give one of them "

@@ -81,7 +81,7 @@ static at_result_t run_over_cap(at_zone_t *z, at_ticket_t *t, int would_refuse)
         w->owner = *at_owner_self();
         w->ticket = t->ticket;
         w->slot = NONE;
-        w->state = W_OVER_CAP;
+        zone_waiter_move(w, W_OVER_CAP);
         z->over_cap++;
         t->over_cap = wi + 1;
     }
@@ -122,8 +122,7 @@ static void end_over_cap(at_zone_t *z, at_ticket_t *t)
         zone_unlock(z);
     }
     else if (rc == ETIMEDOUT && over_cap_record_is(w, t)
-             && __atomic_compare_exchange_n(&w->state, &st, W_OVER_ENDED, 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+             && zone_waiter_cas(w, &st, W_OVER_ENDED)) {
         __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
     }
 }
@@ -188,7 +187,7 @@ static apr_int32_t enqueue(at_zone_t *z, const at_ticket_t *t, const at_request_
     w->slot = NONE;
     w->client = *rq->client;
     w->priority = rq->priority;
-    w->state = W_WAITING;
+    zone_waiter_move(w, W_WAITING);
     zone_queue_push(z, wi);
     zone_client_add(z, rq->client);
     z->counters.queued_total++;
@@ -334,20 +333,26 @@ static apr_uint32_t secs_from_ns(apr_int64_t ns)
 static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_fn abort_fn,
                                   void *ctx)
 {
+    apr_uint32_t word = 0; /* this process's checker moves it if the client goes */
+    zone_here_t me;
     apr_int64_t now;
 
+    zone_here_join(&me, abort_fn, ctx, &word);
     while ((now = at_now_us()) < until_us) {
-        apr_int64_t step = until_us - now < AT_WAIT_SLICE_US ? until_us - now : AT_WAIT_SLICE_US;
+        apr_uint32_t seen = __atomic_load_n(&word, __ATOMIC_SEQ_CST);
+        apr_int64_t wake = until_us;
 
-        apr_sleep(step);
-        if (abort_fn && abort_fn(ctx)) {
+        if (zone_here_gone(&me, now, &wake)) {
+            zone_here_leave(&me);
             if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
                 z->counters.aborted++;
                 zone_unlock(z);
             }
             return AT_ABORTED;
         }
+        zone_sleep_on_word(&word, seen, wake - now);
     }
+    zone_here_leave(&me);
     return 0;
 }
 
@@ -529,4 +534,48 @@ apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
     }
     zone_unlock(z); /* taking the lock applied it */
     return APR_SUCCESS;
+}
+
+/* ---- read_body_total: the bodies' front, which takes the lock ---- */
+
+/* Bytes for a body about to be read before its request has a slot. The
+ * lock is waited for AT_BODY_LOCK_US at most: a request that cannot have
+ * it in time simply does not read its body first. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes)
+{
+    apr_int32_t i = NONE;
+
+    if (!bytes || zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        return 0;
+    }
+    if (z->free_body != NONE && bytes <= z->body_cap && z->body_held <= z->body_cap - bytes) {
+        at_body_t *b;
+
+        i = z->free_body;
+        b = &z->body[i];
+        z->free_body = b->next;
+        b->bytes = bytes;
+        b->next = NONE;
+        b->owner = *at_owner_self(); /* last: a record with an owner counts */
+        z->body_held += bytes;
+    }
+    zone_unlock(z);
+    return i + 1;
+}
+
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle)
+{
+    apr_int32_t i = handle - 1;
+
+    if (i < 0 || i >= AT_BODY_RECORDS) {
+        return;
+    }
+    if (zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        /* the holder of the lock, or the next one, frees it */
+        __atomic_store_n(&z->body[i].released, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    zone_body_free(z, i);
+    zone_unlock(z);
 }

@@ -22,16 +22,68 @@
 #define ZONE_MAGIC 0x41545a40u
 #define NONE (-1)
 
-/* W_EVICTED: put out of a full queue by a request of higher priority; the
- * record is the waiter's until it wakes and sees it. W_OVER_CAP: a dry
- * run's request running beyond the limit, recorded so that its count goes
- * back when its process dies. A waiter that cannot get the lock by its
- * deadline leaves without it, by compare-and-swap on its state: W_LEFT (it
- * was still in the queue), W_GONE (out of the queue: evicted, or granted
- * and its slot taken, W_TAKEN); the next holder of the lock tidies them. */
+/* A waiting record's states: the one table of what each means, who moves
+ * it on, and to which states. Every change goes through zone_waiter_move or
+ * zone_waiter_cas (at_zone_records.c), which check it against this table in
+ * the builds with test hooks and in the ASan build. A change made under the
+ * lock is a plain store; the waiter's own changes without the lock (it
+ * could not get it by its deadline) are compare-and-swaps, counted in
+ * z->left so that the next holder tidies them. */
 enum { W_FREE = 0, W_WAITING, W_GRANTED, W_EVICTED, W_OVER_CAP, W_LEFT, W_GONE, W_TAKEN,
-       W_DROP, /* granted, but its waiter's client had gone: the slot goes back */
-       W_OVER_ENDED /* W_OVER_CAP, ended without the lock: its count goes back */ };
+       W_DROP, W_OVER_ENDED, W_STATES };
+
+#define W_BIT(s) (1u << (s))
+
+static inline int zone_waiter_may_move(apr_int32_t from, apr_int32_t to)
+{
+    static const unsigned short next[W_STATES] = {
+        /* W_FREE: on the free list, no request. A request joining the queue
+         * takes it (enqueue), or a dry run's request running over the cap
+         * (run_over_cap); both under the lock. */
+        [W_FREE] = W_BIT(W_WAITING) | W_BIT(W_OVER_CAP),
+        /* W_WAITING: in the queue, its waiter asleep on the wake word. Whoever
+         * frees capacity hands it a slot (zone_dispatch), or lock repair
+         * finishes that hand-off; a newcomer of higher priority evicts it
+         * from a full queue (evict_for); its waiter leaves at its deadline,
+         * CoDel's or when its client goes (W_FREE), or without the lock
+         * (W_LEFT); reclaim frees it when its process died. */
+        [W_WAITING] = W_BIT(W_GRANTED) | W_BIT(W_EVICTED) | W_BIT(W_LEFT) | W_BIT(W_FREE),
+        /* W_GRANTED: out of the queue, a slot filled in its name, its waiter
+         * woken. The waiter collects it (or gives the slot back if its
+         * client left), or keeps it without the lock (W_TAKEN), or drops it
+         * without the lock as its client left (W_DROP); reclaim frees it. */
+        [W_GRANTED] = W_BIT(W_FREE) | W_BIT(W_TAKEN) | W_BIT(W_DROP),
+        /* W_EVICTED: out of the queue, refused; the record is its waiter's
+         * until it wakes and sees it, under the lock or without it (W_GONE);
+         * reclaim frees it. */
+        [W_EVICTED] = W_BIT(W_FREE) | W_BIT(W_GONE),
+        /* W_OVER_CAP: a dry run's request running beyond the limit, so that
+         * its count goes back when its process dies. It ends under the lock
+         * (W_FREE) or without it (W_OVER_ENDED); reclaim frees it. */
+        [W_OVER_CAP] = W_BIT(W_FREE) | W_BIT(W_OVER_ENDED),
+        /* W_LEFT: its waiter gave up without the lock while still queued;
+         * the record is still in the queue. The next holder's tidy takes it
+         * out (W_FREE); a dispatch or eviction that reaches it first, or
+         * lock repair, marks it out of the queue (W_GONE); reclaim frees
+         * it. */
+        [W_LEFT] = W_BIT(W_FREE) | W_BIT(W_GONE),
+        /* W_GONE: out of the queue, its waiter gone without the lock (left
+         * or evicted). The next holder's tidy frees it, or reclaim. */
+        [W_GONE] = W_BIT(W_FREE),
+        /* W_TAKEN: granted, and its waiter took the slot without the lock.
+         * The tidy counts it admitted and frees the record; reclaim too. */
+        [W_TAKEN] = W_BIT(W_FREE),
+        /* W_DROP: granted, but its waiter's client had gone and it could
+         * not get the lock: the tidy gives the slot back; reclaim too. */
+        [W_DROP] = W_BIT(W_FREE),
+        /* W_OVER_ENDED: a W_OVER_CAP request ended without the lock: the
+         * tidy gives its count back and frees it; reclaim too. */
+        [W_OVER_ENDED] = W_BIT(W_FREE),
+    };
+
+    return from >= 0 && from < W_STATES && to >= 0 && to < W_STATES
+           && (next[from] & W_BIT(to)) != 0;
+}
 
 typedef struct {
     at_owner_t owner;       /* pid 0: free */
@@ -54,6 +106,60 @@ typedef struct {
     at_client_key_t client;
     unsigned char client_pad[7];
 } at_waiter_t;
+
+/* read_body_total=: a body read (or being read) before its request has a
+ * slot, by bytes. The records of dead processes are given back by
+ * reclaim, and the zone's total is counted again from the records by a
+ * repair. */
+#define AT_BODY_RECORDS 1024
+typedef struct {
+    at_owner_t owner; /* pid 0: free */
+    apr_uint64_t bytes;
+    apr_int32_t next;     /* the free list */
+    apr_int32_t released; /* let go without the lock: the next holder frees it */
+} at_body_t;
+
+/* The builds that check every change of a waiting record's state against
+ * the table: those with test hooks, and the ASan build. */
+#if defined(AT_TEST_HOOKS) || defined(__SANITIZE_ADDRESS__)
+#define AT_CHECK_WAITER_MOVES 1
+/* Logs the change the table forbids, and aborts. */
+void zone_waiter_bad_move(apr_int32_t from, apr_int32_t to);
+#define WAITER_CHECK(from, to) \
+    (zone_waiter_may_move(from, to) ? (void)0 : zone_waiter_bad_move(from, to))
+#else
+#define WAITER_CHECK(from, to) ((void)0)
+#endif
+
+/* The only ways a record's state changes (the table above): a store, by
+ * the lock's holder or the record's own waiter under the lock... */
+static inline void zone_waiter_move(at_waiter_t *w, apr_int32_t to)
+{
+#if defined(AT_CHECK_WAITER_MOVES) || defined(AT_TEST_HOOKS)
+    apr_int32_t from = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE);
+
+    WAITER_CHECK(from, to);
+#endif
+    __atomic_store_n(&w->state, to, __ATOMIC_RELEASE);
+    AT_STEP(AT_STEP_WAITER, from * W_STATES + to);
+}
+
+/* ... and a compare-and-swap from *from, by the record's own waiter
+ * without the lock, or by the holder against such a waiter; on failure
+ * *from holds the state found. */
+static inline int zone_waiter_cas(at_waiter_t *w, apr_int32_t *from, apr_int32_t to)
+{
+    apr_int32_t was = *from;
+
+    WAITER_CHECK(was, to);
+    if (!__atomic_compare_exchange_n(&w->state, from, to, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        return 0;
+    }
+    AT_STEP(AT_STEP_WAITER, was * W_STATES + to);
+    (void)was; /* checked and stepped on in debug builds only */
+    return 1;
+}
 
 /* A priority's totals, kept in the zone. */
 typedef struct {
@@ -125,7 +231,10 @@ struct at_zone {
     at_zone_conf_t conf_pending;
     /* records left without the lock since the last tidy (W_LEFT...) */
     apr_uint32_t left;
-    apr_uint32_t pad3;
+    /* The waiter that wakes for the zone while others sleep: to look for
+     * the dead every AT_RECLAIM_INTERVAL_US, and with mem= or a replaced
+     * zone to dispatch every AT_WAIT_SLICE_US. NONE while nobody waits. */
+    apr_int32_t watcher;
     /* The zone this one replaced at a restart (grown past its memory):
      * what still runs there counts against this zone's limit. An address
      * in the parent's memory, the same in every child; the parent clears
@@ -138,6 +247,13 @@ struct at_zone {
     apr_uint32_t rate_by_key;
     apr_uint32_t pad4;
     at_rate_table_t rate;
+
+    /* read_body_total=: the bound, the bytes held under it now (the sum of
+     * the records' bytes), and the records */
+    apr_uint64_t body_cap, body_held;
+    apr_int32_t free_body;
+    apr_uint32_t pad5;
+    at_body_t body[AT_BODY_RECORDS];
 };
 
 static inline at_slot_t *slots(at_zone_t *z)
@@ -195,6 +311,9 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i);
 void zone_queue_unlink(at_zone_t *z, apr_int32_t i);
 void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i);
 void zone_waiter_free(at_zone_t *z, apr_int32_t i);
+/* A record already W_FREE put on the free list (laying or repairing). */
+void zone_waiter_link_free(at_zone_t *z, apr_int32_t i);
+
 apr_int32_t zone_slot_pop_free(at_zone_t *z);
 void zone_slot_fill(at_zone_t *z, apr_int32_t i, const at_owner_t *owner,
                     apr_uint64_t ticket, const at_client_key_t *client, apr_int64_t now);
@@ -202,6 +321,9 @@ apr_int32_t zone_slot_take(at_zone_t *z, const at_owner_t *owner, apr_uint64_t t
                            const at_client_key_t *client, apr_int64_t now);
 void zone_slot_put(at_zone_t *z, apr_int32_t i);
 int zone_leave_waiting(at_waiter_t *w, apr_int32_t to);
+void zone_body_free(at_zone_t *z, apr_int32_t i);
+/* After a repair: the free list and the total, from the records. */
+void zone_body_recount(at_zone_t *z);
 apr_uint32_t zone_running(const at_zone_t *z);
 apr_uint32_t zone_slots_for(const at_zone_t *z, int priority);
 /* mem= lets a request start now (the last reading, judged at this moment) */
@@ -223,6 +345,9 @@ void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);
 void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m);
 void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m);
 void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m);
+#ifdef AT_TEST_HOOKS
+int zone_test_holding_lock(void);
+#endif
 
 /* at_zone_stats.c: what the zone counts and measures (lock held) */
 void zone_count_refusal(at_zone_t *z, int priority, apr_int64_t now, int scheduled);
@@ -244,6 +369,23 @@ void zone_log_window(const at_zone_t *z, const window_note_t *note);
 /* at_zone_reclaim.c: giving back what dead processes held */
 apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);
 int zone_take_reclaim_if_due(at_zone_t *z, apr_int64_t now);
+
+/* at_zone_wait.c: the requests waiting in this process (queued, or held
+ * back by rate_delay=), one of which at a time looks at all their clients
+ * every AT_CLIENT_CHECK_US and wakes those whose client has gone: the
+ * others sleep until a reason. word: what the request sleeps on. */
+typedef struct zone_here {
+    struct zone_here *prev, *next;
+    at_abort_fn fn;
+    void *ctx;
+    apr_uint32_t *word;
+    int gone; /* its client has gone: set by the process's checker */
+} zone_here_t;
+void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word);
+void zone_here_leave(zone_here_t *me);
+/* 1 if its client has gone; else *until is lowered to when this waiter
+ * must look at the process's clients, if that is its turn. */
+int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until);
 
 /* at_zone_wait.c: a queued request waits for its slot */
 at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,

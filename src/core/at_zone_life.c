@@ -26,6 +26,10 @@ static const at_field_t waiter_fields[] = {
     AT_FIELD(at_waiter_t, next),  AT_FIELD(at_waiter_t, priority), AT_FIELD(at_waiter_t, client),
     AT_FIELD(at_waiter_t, client_pad)};
 
+static const at_field_t body_fields[] = {
+    AT_FIELD(at_body_t, owner), AT_FIELD(at_body_t, bytes), AT_FIELD(at_body_t, next),
+    AT_FIELD(at_body_t, released)};
+
 static const at_field_t prio_fields[] = {
     AT_FIELD(at_priority_totals_t, admitted), AT_FIELD(at_priority_totals_t, rejected),
     AT_FIELD(at_priority_totals_t, wait)};
@@ -58,13 +62,17 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
     AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
-    AT_FIELD(at_zone_t, pad3),         AT_FIELD(at_zone_t, predecessor),
+    AT_FIELD(at_zone_t, watcher),         AT_FIELD(at_zone_t, predecessor),
     AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
-    AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate)};
+    AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate),
+    AT_FIELD(at_zone_t, body_cap),     AT_FIELD(at_zone_t, body_held),
+    AT_FIELD(at_zone_t, free_body),    AT_FIELD(at_zone_t, pad5),
+    AT_FIELD(at_zone_t, body)};
 
 static const at_record_t zone_records[] = {
     AT_RECORD(at_zone_t, zone_fields), AT_RECORD(at_slot_t, slot_fields),
-    AT_RECORD(at_waiter_t, waiter_fields), AT_RECORD(at_priority_totals_t, prio_fields)};
+    AT_RECORD(at_waiter_t, waiter_fields), AT_RECORD(at_priority_totals_t, prio_fields),
+    AT_RECORD(at_body_t, body_fields)};
 
 const at_record_t *at_zone_layout_records(apr_size_t *n)
 {
@@ -158,6 +166,7 @@ static void apply_conf(at_zone_t *z, const at_zone_conf_t *c)
     z->codel.interval_us = c->codel_interval_us;
     z->rate_conf = c->rate;
     z->rate_by_key = c->keyed && c->rate.interval_ns;
+    z->body_cap = c->read_body_total;
 }
 
 apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
@@ -200,10 +209,11 @@ apr_status_t at_zone_init(void *mem, apr_size_t size, const char *name,
 
     zone_rebuild_free_slots(z);
     z->free_waiter = NONE;
-    z->qhead = z->qtail = NONE;
+    z->qhead = z->qtail = z->watcher = NONE;
     for (apr_int32_t i = (apr_int32_t)z->nwaiters - 1; i >= 0; i--) {
-        zone_waiter_free(z, i);
+        zone_waiter_link_free(z, i); /* zeroed: W_FREE */
     }
+    zone_body_recount(z);
     z->layout = zone_layout();
     z->magic = ZONE_MAGIC;
     at_owner_self(); /* so children forked from here refresh their identity */

@@ -69,7 +69,7 @@ static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
         return;
     }
     zone_slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
-    w->state = W_GRANTED;
+    zone_waiter_move(w, W_GRANTED);
     zone_wake_word(&w->wake);
 }
 
@@ -114,7 +114,7 @@ static void zone_repair(at_zone_t *z)
     }
     zone_rebuild_free_slots(z);
     z->free_waiter = NONE;
-    z->qhead = z->qtail = NONE;
+    z->qhead = z->qtail = z->watcher = NONE;
     note_change(z);
     z->queued = 0;
     memset(z->queued_at, 0, sizeof(z->queued_at));
@@ -126,20 +126,27 @@ static void zone_repair(at_zone_t *z)
             n++;
         }
         else if (w[i].state == W_FREE) {
-            zone_waiter_free(z, (apr_int32_t)i);
+            zone_waiter_link_free(z, (apr_int32_t)i);
         }
         else if (w[i].state == W_OVER_CAP || w[i].state == W_OVER_ENDED) {
             z->over_cap++; /* an ended one's count goes back at the tidy */
         }
         else if (w[i].state == W_LEFT) {
-            w[i].state = W_GONE; /* the queue is rebuilt without it */
+            zone_waiter_move(&w[i], W_GONE); /* the queue is rebuilt without it */
+        }
+        else if (w[i].state == W_GRANTED || w[i].state == W_EVICTED) {
+            zone_wake_word(&w[i].wake); /* the dead holder's wake-up may not have gone */
         }
     }
     for (waiting = sort_waiting(w, waiting, n); waiting != NONE; waiting = next) {
         next = w[waiting].next;
         zone_queue_push(z, waiting);
     }
+    if (z->watcher != NONE) {
+        zone_wake_word(&w[z->watcher].wake); /* to learn it watches */
+    }
     zone_recount_clients(z);
+    zone_body_recount(z);
     /* the tidy that follows frees what was left without the lock, though
      * the dead holder may have cleared the mark in the middle of its own */
     __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
@@ -160,9 +167,19 @@ static apr_int64_t clock_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (apr_int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
-#define NOTE_LOCK_TAKEN() (at_test_lock_held_hook ? (void)(lock_taken_ns = clock_ns()) : (void)0)
+/* Whether this thread holds a zone's lock: a scrape's walks are counted
+ * against it. */
+static __thread int holding;
+
+int zone_test_holding_lock(void)
+{
+    return holding;
+}
+#define NOTE_LOCK_TAKEN() \
+    (holding = 1, at_test_lock_held_hook ? (void)(lock_taken_ns = clock_ns()) : (void)0)
 #define NOTE_LOCK_LET_GO() \
-    (at_test_lock_held_hook ? at_test_lock_held_hook(clock_ns() - lock_taken_ns) : (void)0)
+    (holding = 0,   \
+     at_test_lock_held_hook ? at_test_lock_held_hook(clock_ns() - lock_taken_ns) : (void)0)
 #else
 #define NOTE_LOCK_TAKEN() ((void)0)
 #define NOTE_LOCK_LET_GO() ((void)0)
@@ -206,7 +223,7 @@ static int zone_lock_result(at_zone_t *z, int rc)
 }
 
 /* Lock held: frees the records whose waiters left without the lock, and
- * the slots let go without it. */
+ * the slots and bodies let go without it. */
 static void tidy_left(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
@@ -215,6 +232,13 @@ static void tidy_left(at_zone_t *z)
     for (apr_uint32_t i = 0; i < z->nslots; i++) {
         if (s[i].owner.pid != 0 && __atomic_load_n(&s[i].released, __ATOMIC_ACQUIRE)) {
             zone_slot_put(z, (apr_int32_t)i);
+        }
+    }
+
+    for (apr_int32_t i = 0; i < AT_BODY_RECORDS; i++) {
+        if (z->body[i].owner.pid != 0
+            && __atomic_load_n(&z->body[i].released, __ATOMIC_ACQUIRE)) {
+            zone_body_free(z, i);
         }
     }
 

@@ -80,6 +80,11 @@ static apr_uint32_t drop_dead_owners(at_zone_t *z, const owner_set_t *dead)
             n++;
         }
     }
+    for (i = 0; i < AT_BODY_RECORDS; i++) {
+        if (owner_set_has(dead, &z->body[i].owner)) {
+            zone_body_free(z, (apr_int32_t)i); /* bytes, not a place: not counted */
+        }
+    }
     z->counters.reclaimed += n;
     zone_dispatch(z);
     return n;
@@ -109,7 +114,7 @@ apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_p
     owner_set_t all, dead;
     apr_uint32_t i, n = 0;
 
-    all.cap = z->nslots + z->nwaiters;
+    all.cap = z->nslots + z->nwaiters + AT_BODY_RECORDS;
     all.n = dead.n = 0;
     all.v = malloc(sizeof(at_owner_t) * (all.cap + 1));
     if (!all.v || reclaim_lock(z, until_us) != 0) {
@@ -127,6 +132,9 @@ apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_p
         if (waiters(z)[i].state != W_FREE) {
             owner_set_add(&all, &waiters(z)[i].owner, only_pid);
         }
+    }
+    for (i = 0; i < AT_BODY_RECORDS; i++) {
+        owner_set_add(&all, &z->body[i].owner, only_pid);
     }
     zone_unlock(z);
 

@@ -1,12 +1,17 @@
 /*
  * A zone's records: slots and waiting records with their free lists, the
  * queue in priority order, per-client counts, the futex word a waiter
- * sleeps on, and who runs next. The lock is held throughout, except to
- * wake and sleep. The bottom of the zone: it calls no other zone file.
+ * sleeps on, the bodies read before a slot (read_body_total), and who runs
+ * next. The lock is held throughout, except to wake and sleep. The bottom
+ * of the zone: it calls no other zone file (the bodies' front, which takes
+ * the lock, is at_zone.c's).
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -169,6 +174,9 @@ void zone_queue_push(at_zone_t *z, apr_int32_t i)
     }
     z->queued++;
     z->queued_at[PRIO_INDEX(w[i].priority)]++;
+    if (z->watcher == NONE) {
+        z->watcher = i; /* it sees so before it sleeps */
+    }
     queue_length_changed(z);
 }
 
@@ -191,6 +199,14 @@ void zone_queue_unlink(at_zone_t *z, apr_int32_t i)
     }
     z->queued--;
     z->queued_at[PRIO_INDEX(w[i].priority)]--;
+    if (z->watcher == i) {
+        /* The newest waiter takes over, woken to learn it: in FIFO order it
+         * is the last to leave, so the role rarely moves. */
+        z->watcher = z->qtail;
+        if (z->qtail != NONE) {
+            zone_wake_word(&w[z->qtail].wake);
+        }
+    }
     queue_length_changed(z);
 }
 
@@ -203,9 +219,14 @@ void zone_waiter_leave_queue(at_zone_t *z, apr_int32_t i)
 
 void zone_waiter_free(at_zone_t *z, apr_int32_t i)
 {
+    zone_waiter_move(&waiters(z)[i], W_FREE);
+    zone_waiter_link_free(z, i);
+}
+
+void zone_waiter_link_free(at_zone_t *z, apr_int32_t i)
+{
     at_waiter_t *w = &waiters(z)[i];
 
-    w->state = W_FREE;
     w->owner.pid = 0;
     w->slot = NONE;
     w->next = z->free_waiter;
@@ -276,12 +297,50 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to)
 {
     apr_int32_t was = W_WAITING;
 
-    if (__atomic_compare_exchange_n(&w->state, &was, to, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+    if (zone_waiter_cas(w, &was, to)) {
         return 1;
     }
-    w->state = W_GONE;
+    zone_waiter_move(w, W_GONE); /* it was W_LEFT: only its waiter moves it unlocked */
     return 0;
+}
+
+/* ---- read_body_total: bodies held by requests without a slot ---------- */
+
+void zone_body_free(at_zone_t *z, apr_int32_t i)
+{
+    at_body_t *b = &z->body[i];
+
+    z->body_held -= b->bytes < z->body_held ? b->bytes : z->body_held;
+    b->owner.pid = 0;
+    b->bytes = 0;
+    __atomic_store_n(&b->released, 0, __ATOMIC_RELAXED);
+    b->next = z->free_body;
+    z->free_body = i;
+}
+
+void zone_body_recount(at_zone_t *z)
+{
+    apr_uint64_t held = 0;
+
+    z->free_body = NONE;
+    for (apr_int32_t i = AT_BODY_RECORDS - 1; i >= 0; i--) {
+        at_body_t *b = &z->body[i];
+
+        if (b->owner.pid == 0) {
+            b->bytes = 0;
+            b->next = z->free_body;
+            z->free_body = i;
+        }
+        else {
+            held += b->bytes;
+        }
+    }
+    z->body_held = held;
+}
+
+apr_uint64_t at_zone_body_held(const at_zone_t *z)
+{
+    return __atomic_load_n(&z->body_held, __ATOMIC_RELAXED);
 }
 
 /* ---- who runs next (lock held) ------------------------------------- */
@@ -374,3 +433,27 @@ void zone_dispatch(at_zone_t *z)
         zone_wake_word(&w[i].wake);
     }
 }
+
+#ifdef AT_CHECK_WAITER_MOVES
+static const char *waiter_state_name(apr_int32_t s)
+{
+    static const char *const names[W_STATES] = {
+        "W_FREE", "W_WAITING", "W_GRANTED", "W_EVICTED", "W_OVER_CAP",
+        "W_LEFT", "W_GONE", "W_TAKEN", "W_DROP", "W_OVER_ENDED"};
+
+    return s >= 0 && s < W_STATES ? names[s] : "(not a state)";
+}
+
+/* Also on stderr (httpd's error log): with no logger installed, as in the
+ * unit tests, the line would be lost with the process. */
+void zone_waiter_bad_move(apr_int32_t from, apr_int32_t to)
+{
+    static const char fmt[] = "zone: a waiting record moved from %s to %s, which its "
+                              "table of states forbids";
+
+    at_log(LOG_CRIT, fmt, waiter_state_name(from), waiter_state_name(to));
+    fprintf(stderr, fmt, waiter_state_name(from), waiter_state_name(to));
+    fputc('\n', stderr);
+    abort();
+}
+#endif

@@ -9,6 +9,7 @@
 #include "at_tuning.h"
 
 #include <apr_atomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
 
@@ -197,24 +198,109 @@ static void stats_without_lock(at_zone_t *z, at_zone_stats_t *o)
     o->nslots = z->nslots;
     o->nwaiters = z->nwaiters - z->nslots;
     o->rate_keys = z->rate.n;
+    o->body_cap = z->body_cap;
+    o->body_held = at_zone_body_held(z);
 #define AT_COUNTER_COPY(field, ...) o->counters.field = __atomic_load_n(&z->counters.field, __ATOMIC_RELAXED);
     AT_ZONE_COUNTERS(AT_COUNTER_COPY)
 #undef AT_COUNTER_COPY
 }
 
-void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
-{
-    apr_int64_t now = at_now_us(), oldest = 0;
-    apr_uint32_t i;
-    mem_read_t m;
+/* ---- a scrape: copied under the lock, walked outside it --------------- */
 
-    memset(o, 0, sizeof(*o));
-    zone_mem_read_before_lock(z, &m); /* a reading no older than a request would use */
-    if (zone_lock_until(z, now + AT_GLANCE_LOCK_US) != 0) {
-        stats_without_lock(z, o);
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_scrape_walked, at_test_scrape_walked_locked;
+/* Every entry a scrape walks, and those walked holding the zone's lock. */
+static void note_walk(apr_uint32_t n)
+{
+    __atomic_add_fetch(&at_test_scrape_walked, n, __ATOMIC_RELAXED);
+    if (zone_test_holding_lock()) {
+        __atomic_add_fetch(&at_test_scrape_walked_locked, n, __ATOMIC_RELAXED);
+    }
+}
+#define NOTE_WALK(n) note_walk(n)
+#else
+#define NOTE_WALK(n) ((void)0)
+#endif
+
+/* per_client, per_key: a copy of the table of counts, taken under the lock
+ * in one memcpy (at most twice the zone's records), so that finding the
+ * busiest (a pass with a sort of the top) is done after letting it go. */
+typedef struct {
+    at_client_table_t *t;
+    apr_size_t bytes;
+} client_copy_t;
+
+/* Before the lock: the table's size never changes after the zone is laid. */
+static void client_copy_alloc(const at_zone_t *z, client_copy_t *cc)
+{
+    apr_size_t head = ALIGN64(sizeof(at_client_table_t));
+
+    cc->t = NULL;
+    cc->bytes = (apr_size_t)z->clients.n * sizeof(at_client_entry_t);
+    if (z->per_client && z->clients.n && (cc->t = malloc(head + cc->bytes))) {
+        /* its pages are faulted in here, not while the lock is held */
+        memset(cc->t, 0, head + cc->bytes);
+    }
+}
+
+/* Lock held. Without memory for a copy, the table is walked here, as
+ * before: the page still shows the busiest. */
+static void client_copy_take(at_zone_t *z, client_copy_t *cc, at_zone_stats_t *o)
+{
+    apr_size_t head = ALIGN64(sizeof(at_client_table_t));
+
+    if (!z->per_client) {
         return;
     }
-    zone_mem_apply_locked(z, &m);
+    if (!cc->t) {
+        NOTE_WALK(z->clients.n);
+        o->nbusiest = at_client_busiest(&z->clients, o->busiest, AT_BUSIEST, &o->clients);
+        return;
+    }
+    *cc->t = z->clients;
+    cc->t->entries_off = head;
+    memcpy((char *)cc->t + head, (char *)&z->clients + z->clients.entries_off, cc->bytes);
+}
+
+/* After the lock. */
+static void client_copy_walk(client_copy_t *cc, at_zone_stats_t *o)
+{
+    if (cc->t) {
+        NOTE_WALK(cc->t->n);
+        o->nbusiest = at_client_busiest(cc->t, o->busiest, AT_BUSIEST, &o->clients);
+        free(cc->t);
+    }
+}
+
+/* After the lock: the oldest running request. A slot's owner is written
+ * after its start (a release fence between), so an owner read here comes
+ * with its own start or a later one's: the age shown is one a request
+ * reached. */
+static void oldest_running(at_zone_t *z, apr_int64_t now, at_zone_stats_t *o)
+{
+    apr_int64_t oldest = 0;
+    apr_uint32_t i;
+
+    NOTE_WALK(z->nslots);
+    for (i = 0; i < z->nslots; i++) {
+        at_slot_t *s = &slots(z)[i];
+        apr_int32_t pid = __atomic_load_n(&s->owner.pid, __ATOMIC_ACQUIRE);
+        apr_int64_t since = __atomic_load_n(&s->since_us, __ATOMIC_RELAXED);
+
+        if (pid != 0 && now - since >= oldest) {
+            oldest = now - since;
+            o->oldest_pid = pid;
+        }
+    }
+    o->oldest_us = oldest;
+}
+
+/* The figures of the zone, under the lock: a copy of fixed size (the
+ * per-client table aside, copied whole). */
+static void stats_locked(at_zone_t *z, apr_int64_t now, at_zone_stats_t *o)
+{
+    apr_uint32_t i;
+
     o->limit = z->limit;
     o->queue_cap = z->queue_cap;
     o->reserve = z->reserve;
@@ -247,9 +333,6 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->recent_us = z->ctl.recent_us;
     o->per_client = z->keyed ? 0 : z->per_client;
     o->per_key = z->keyed ? z->per_client : 0;
-    if (z->per_client) {
-        o->nbusiest = at_client_busiest(&z->clients, o->busiest, AT_BUSIEST, &o->clients);
-    }
     o->service_ewma_us = z->service_ewma_us;
     o->wait_all = z->wait_all;
     o->service_all = z->service_all;
@@ -258,14 +341,6 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     at_hist_merge(&o->wait_recent, &z->wait_win[1]);
     o->service_recent = z->service_win[0];
     at_hist_merge(&o->service_recent, &z->service_win[1]);
-    for (i = 0; i < z->nslots; i++) {
-        at_slot_t *s = &slots(z)[i];
-        if (s->owner.pid != 0 && now - s->since_us >= oldest) {
-            oldest = now - s->since_us;
-            o->oldest_pid = s->owner.pid;
-        }
-    }
-    o->oldest_us = oldest;
     if (z->mem.bytes) {
         o->mem_bytes = z->mem.bytes;
         o->mem_avail = z->mem.avail;
@@ -278,11 +353,40 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     o->rate = z->rate_conf;
     o->rate_by_key = (int)z->rate_by_key;
     o->rate_keys = z->rate.n;
-    if (z->rate_by_key) {
-        o->rate_keys_in = at_rate_keys_in(&z->rate, now * 1000);
+    o->body_cap = z->body_cap;
+    o->body_held = z->body_held;
+}
+
+/* The lock is held for a copy of fixed size and of the per-client table:
+ * the walks of the slots, of that copy and of the rate= keys (16,384
+ * buckets) come after, so that a scrape never holds up requests for long. */
+void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
+{
+    apr_int64_t now = at_now_us();
+    client_copy_t cc;
+    mem_read_t m;
+
+    memset(o, 0, sizeof(*o));
+    client_copy_alloc(z, &cc);
+    zone_mem_read_before_lock(z, &m); /* a reading no older than a request would use */
+    if (zone_lock_until(z, now + AT_GLANCE_LOCK_US) != 0) {
+        free(cc.t);
+        stats_without_lock(z, o);
+        return;
     }
+    zone_mem_apply_locked(z, &m);
+    stats_locked(z, now, o);
+    client_copy_take(z, &cc, o);
     zone_unlock(z);
     zone_mem_warn_after_unlock(z, &m);
+
+    client_copy_walk(&cc, o);
+    oldest_running(z, now, o);
+    if (o->rate_by_key) {
+        /* each bucket read whole: a count as of the walk */
+        NOTE_WALK(z->rate.n);
+        o->rate_keys_in = at_rate_keys_in(&z->rate, now * 1000);
+    }
 }
 
 apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,

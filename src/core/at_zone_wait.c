@@ -2,12 +2,137 @@
  * Waiting: a queued request sleeps on its record's futex word without the
  * lock until it is handed a slot, evicted, its deadline passes (CoDel's or
  * its own) or its client goes; one that cannot get the lock in time leaves
- * without it.
+ * without it. Idle waiters cost no wake-ups: one waiter of each process
+ * looks at the clients of all (zone_here_*), one waiter of each zone looks
+ * for the dead (z->watcher).
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
 #include <errno.h>
+#include <pthread.h>
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* ---- the requests waiting in this process ---------------------------- */
+
+static struct {
+    pthread_mutex_t mu;
+    zone_here_t *first, *last;
+    zone_here_t *checker; /* the one that looks at every client */
+    apr_int64_t next_check_us;
+} here = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0};
+
+/* A child forked while another thread waited has none of its waiters. */
+static void here_forget_after_fork(void)
+{
+    pthread_mutex_init(&here.mu, NULL);
+    here.first = here.last = here.checker = NULL;
+}
+
+static void here_watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, here_forget_after_fork);
+}
+
+/* Moves its word and wakes it: it wakes for a reason it reads itself. */
+static void here_wake(zone_here_t *e)
+{
+    __atomic_add_fetch(e->word, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    syscall(SYS_futex, e->word, FUTEX_WAKE, 1, NULL, NULL, 0);
+#endif
+}
+
+void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+    pthread_once(&once, here_watch_forks);
+    me->fn = fn;
+    me->ctx = ctx;
+    me->word = word;
+    me->gone = 0;
+    me->next = NULL;
+    pthread_mutex_lock(&here.mu);
+    me->prev = here.last;
+    if (here.last) {
+        here.last->next = me;
+    }
+    else {
+        here.first = me;
+    }
+    here.last = me;
+    if (!here.checker) {
+        here.checker = me;
+        here.next_check_us = at_now_us() + AT_CLIENT_CHECK_US;
+    }
+    pthread_mutex_unlock(&here.mu);
+}
+
+/* The checker's turn passes to the newest waiter, woken to learn it. */
+void zone_here_leave(zone_here_t *me)
+{
+    pthread_mutex_lock(&here.mu);
+    if (me->prev) {
+        me->prev->next = me->next;
+    }
+    else {
+        here.first = me->next;
+    }
+    if (me->next) {
+        me->next->prev = me->prev;
+    }
+    else {
+        here.last = me->prev;
+    }
+    if (here.checker == me) {
+        here.checker = here.last;
+        if (here.checker) {
+            here_wake(here.checker);
+        }
+    }
+    pthread_mutex_unlock(&here.mu);
+}
+
+/* Lock held: asks every waiting request whether its client has gone, and
+ * wakes those whose has. */
+static void here_check_clients(zone_here_t *me)
+{
+    for (zone_here_t *e = here.first; e; e = e->next) {
+        if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
+            __atomic_store_n(&e->gone, 1, __ATOMIC_RELEASE);
+            if (e != me) {
+                here_wake(e);
+            }
+        }
+    }
+}
+
+int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
+{
+    pthread_mutex_lock(&here.mu);
+    if (!here.checker) {
+        here.checker = me;
+    }
+    if (here.checker == me) {
+        if (now >= here.next_check_us) {
+            here_check_clients(me);
+            here.next_check_us = now + AT_CLIENT_CHECK_US;
+        }
+        if (here.next_check_us < *until) {
+            *until = here.next_check_us;
+        }
+    }
+    pthread_mutex_unlock(&here.mu);
+    return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
+}
+
+/* ---- a queued request ------------------------------------------------ */
 
 /* Leave the queue without a slot, counted as refused for this reason. */
 static at_result_t give_up_waiting(at_zone_t *z, apr_int32_t wi, at_result_t why,
@@ -35,13 +160,11 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
                                       at_result_t refused)
 {
     apr_int32_t keep = refused == AT_ABORTED ? W_DROP : W_TAKEN;
-    apr_int32_t st = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE);
-    apr_int32_t to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
+    apr_int32_t st = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE), to;
 
-    while (!__atomic_compare_exchange_n(&w->state, &st, to, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
+    do {
         to = st == W_WAITING ? W_LEFT : st == W_GRANTED ? keep : W_GONE;
-    }
+    } while (!zone_waiter_cas(w, &st, to));
     __atomic_add_fetch(&z->left, 1, __ATOMIC_RELEASE);
     if (to == W_TAKEN) {
         t->slot = w->slot;
@@ -54,46 +177,63 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
     return refused;
 }
 
+static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
+{
+    return a < b ? a : b;
+}
+
 /* A waiter sleeps without the lock until something it must act on under the
  * lock may have happened: a hand-off or eviction (its wake word moves; the
  * state is published before it), its deadline (CoDel's, read here as a
- * hint: the lock decides), a reclaim falling due, or, at the head of a queue
- * held back by memory, a slice gone by. 1 if its client has gone. */
+ * hint: the lock decides; with codel= it looks again every TARGET, as the
+ * queue may come to stand), or a duty: the zone's watcher looks for the
+ * dead every interval (and with mem= or a replaced zone dispatches every
+ * slice), and the process's checker looks at its clients (and for the
+ * dead every fourth interval, in case the watcher is the one that died).
+ * 1 if its client has gone. */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
-                         apr_int64_t start, apr_int64_t full_deadline,
-                         at_abort_fn abort_fn, void *ctx)
+                         apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
     for (;;) {
-        apr_int64_t now, deadline, slice;
-        int head;
+        apr_int64_t now = at_now_us(), deadline, until, last;
+        int watcher, polls;
 
-        if (abort_fn && abort_fn(ctx)) {
-            return 1;
-        }
-        now = at_now_us();
         deadline = at_codel_deadline(&z->codel, start, full_deadline, now,
                                      __atomic_load_n(&z->typical_service_us, __ATOMIC_RELAXED));
-        /* The head of the queue looks for the dead every interval, the
-         * others every fourth, in case the head is the one that died. */
-        head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED) == wi;
+        watcher = __atomic_load_n(&z->watcher, __ATOMIC_RELAXED) == wi;
+        last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
-            || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING
-            || now - __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED)
-                   >= AT_RECLAIM_INTERVAL_US * (head ? 1 : 4)) {
+            || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
             return 0;
         }
-        slice = deadline - now < AT_WAIT_SLICE_US ? deadline - now : AT_WAIT_SLICE_US;
-        zone_sleep_on_word(&w->wake, seen, slice);
-        if (head && (z->mem.bytes
-                     || zone_running(z) < __atomic_load_n(&z->limit, __ATOMIC_RELAXED))) {
+        until = deadline;
+        if (zone_here_gone(me, now, &until)) {
+            return 1; /* before any duty: it leaves at once */
+        }
+        if (now - last >= AT_RECLAIM_INTERVAL_US * (watcher ? 1 : 4)) {
+            return 0;
+        }
+        if (watcher) {
+            until = earlier(until, last + AT_RECLAIM_INTERVAL_US);
+        }
+        polls = watcher && (z->mem.bytes || __atomic_load_n(&z->predecessor, __ATOMIC_RELAXED));
+        if (polls) {
+            until = earlier(until, now + AT_WAIT_SLICE_US);
+        }
+        if (z->codel.target_us) {
+            until = earlier(until, now + (z->codel.target_us > AT_WAIT_SLICE_US
+                                              ? z->codel.target_us : AT_WAIT_SLICE_US));
+        }
+        zone_sleep_on_word(&w->wake, seen, until - now);
+        if (polls && (z->mem.bytes
+                      || zone_running(z) < __atomic_load_n(&z->limit, __ATOMIC_RELAXED))) {
             return 0; /* memory, or a replaced zone, made room without a release here */
         }
     }
 }
 
-at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
-                               apr_int64_t start, apr_int64_t timeout_us,
-                               at_abort_fn abort_fn, void *ctx)
+static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
+                                 apr_int64_t start, apr_int64_t timeout_us, zone_here_t *me)
 {
     at_waiter_t *w = &waiters(z)[wi];
     apr_int64_t full_deadline = start + timeout_us, deadline = full_deadline;
@@ -111,7 +251,7 @@ at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         }
         zone_mem_apply_locked(z, &m);
         now = at_now_us();
-        if (z->qhead == wi) {
+        if (z->qhead == wi || z->watcher == wi) {
             zone_dispatch(z); /* memory, or a replaced zone, frees without a release here */
         }
         if (w->state == W_GRANTED) {
@@ -150,7 +290,7 @@ at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             zone_reclaim(z, full_deadline, 0);
             continue;
         }
-        gave_up = wait_unlocked(z, w, wi, seen, start, full_deadline, abort_fn, ctx);
+        gave_up = wait_unlocked(z, w, wi, seen, start, full_deadline, me);
         if (gave_up) {
             if ((rc = zone_lock_until(z, full_deadline)) != 0) {
                 return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_ABORTED) : AT_ERROR;
@@ -168,4 +308,17 @@ at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
             return AT_ABORTED;
         }
     }
+}
+
+at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
+                               apr_int64_t start, apr_int64_t timeout_us,
+                               at_abort_fn abort_fn, void *ctx)
+{
+    zone_here_t me;
+    at_result_t r;
+
+    zone_here_join(&me, abort_fn, ctx, &waiters(z)[wi].wake);
+    r = wait_in_queue(z, t, wi, start, timeout_us, &me);
+    zone_here_leave(&me);
+    return r;
 }

@@ -421,6 +421,7 @@ static int throttle_handler(request_rec *r)
     at_request_t rq;
     at_result_t res;
     req_state_t *refused = NULL;
+    body_room_t *room = NULL;
     int rc, body_unread;
 
     if (at_is_own_handler(r) || (r->main && runs_under_a_slot(r, &refused))) {
@@ -455,7 +456,8 @@ static int throttle_handler(request_rec *r)
      * log line, see this result. */
     st->result = "body-failed";
     body_unread = !r->main && ap_request_has_body(r);
-    if (body_unread && !at_zone_looks_full(ref->zone, d->priority)) {
+    if (body_unread && !at_zone_looks_full(ref->zone, d->priority)
+        && at_body_room(r, ref->zone, ref->conf.read_body, &room)) {
         if ((rc = at_read_body_first(r, (apr_off_t)ref->conf.read_body)) != OK) {
             export_outcome(r, st);
             return rc;
@@ -470,6 +472,7 @@ static int throttle_handler(request_rec *r)
     rq.priority = d->priority;
     rq.timeout_us = d->priority_timeout_us;
     res = at_zone_acquire_req(ref->zone, &st->ticket, &rq, client_gone, r);
+    at_body_give_back(r, room); /* out of the queue, whatever the outcome */
     st->result = result_name(res);
     export_outcome(r, st);
     /* Refusals at info, so that "LogLevel adaptive_throttle:info" shows them

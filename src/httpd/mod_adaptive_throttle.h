@@ -118,6 +118,12 @@ apr_int64_t at_life_max_age_us(void);
  * unchanged. OK, or the HTTP status to answer with. */
 int at_read_body_first(request_rec *r, apr_off_t limit);
 void at_body_register(void);
+/* read_body_total=SIZE: whether the body may be read first within the
+ * zone's bound (1 when read_body is off: nothing to count). Its bytes
+ * count until at_body_give_back (*room), or the end of the request. */
+typedef struct body_room body_room_t;
+int at_body_room(request_rec *r, at_zone_t *z, apr_uint64_t read_body, body_room_t **room);
+void at_body_give_back(request_rec *r, body_room_t *room);
 
 /* A refusal keeps its keep-alive connection where HTTP allows
  * (mod_adaptive_throttle_refuse.c): call before answering the refusal. */

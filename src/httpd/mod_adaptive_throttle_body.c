@@ -19,6 +19,8 @@
 #include "http_request.h"
 #include "util_filter.h"
 
+#include "apr_strings.h"
+
 #include "mod_adaptive_throttle.h"
 
 APLOG_USE_MODULE(adaptive_throttle);
@@ -192,6 +194,67 @@ int at_read_body_first(request_rec *r, apr_off_t limit)
                   "read before taking a slot%s", got, eos ? " (the whole body)" : "");
     ap_add_input_filter_handle(body_filter_handle, kept, r, c);
     return OK;
+}
+
+/* ---- read_body_total: the bodies of requests without a slot, bounded -- */
+
+struct body_room {
+    at_zone_t *z;
+    apr_int32_t handle;
+};
+
+static apr_status_t give_back_room(void *data)
+{
+    body_room_t *room = data;
+
+    at_zone_body_let_go(room->z, room->handle);
+    return APR_SUCCESS;
+}
+
+/* The most this body can hold once read first: its length when it is
+ * shorter than read_body, else read_body (a chunked body's is unknown). */
+static apr_uint64_t body_bytes_wanted(request_rec *r, apr_uint64_t read_body)
+{
+    const char *cl = apr_table_get(r->headers_in, "Content-Length");
+    char *end;
+    apr_off_t len;
+
+    if (cl && !apr_table_get(r->headers_in, "Transfer-Encoding")
+        && apr_strtoff(&len, cl, &end, 10) == APR_SUCCESS && !*end && len > 0
+        && (apr_uint64_t)len < read_body) {
+        return (apr_uint64_t)len;
+    }
+    return read_body;
+}
+
+int at_body_room(request_rec *r, at_zone_t *z, apr_uint64_t read_body, body_room_t **room)
+{
+    apr_uint64_t want = body_bytes_wanted(r, read_body);
+    apr_int32_t handle;
+
+    *room = NULL;
+    if (!read_body) {
+        return 1;
+    }
+    if (!(handle = at_zone_body_hold(z, want))) {
+        /* nothing lost: the handler reads the body, as with read_body=0 */
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "read_body: %" APR_UINT64_T_FMT
+                      " bytes would pass read_body_total (%" APR_UINT64_T_FMT " held): "
+                      "the body is left to the handler", want, at_zone_body_held(z));
+        return 0;
+    }
+    *room = apr_palloc(r->pool, sizeof(**room));
+    (*room)->z = z;
+    (*room)->handle = handle;
+    apr_pool_cleanup_register(r->pool, *room, give_back_room, apr_pool_cleanup_null);
+    return 1;
+}
+
+void at_body_give_back(request_rec *r, body_room_t *room)
+{
+    if (room) {
+        apr_pool_cleanup_run(r->pool, room, give_back_room);
+    }
 }
 
 void at_body_register(void)

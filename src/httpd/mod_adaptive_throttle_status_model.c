@@ -68,6 +68,7 @@ const field_t at_status_fields[NFIELDS] = {
     {"RateDelay", "rate_delay", NULL, NULL, GAUGE, NULL, IF_RATE},
     {"RateByKey", "rate_by_key", NULL, NULL, GAUGE, NULL, IF_RATE},
     {"RateKeys", "rate_keys", "rate_keys", NULL, GAUGE, "Keys whose rate= bucket is not empty (rate= with key=).", IF_RATE},
+    {"ReadBodyHeld", "read_body_held_bytes", "read_body_held_bytes", NULL, GAUGE, "Body bytes read before a slot (read_body=) by the zone's waiting requests now; at most read_body_total=.", ALWAYS},
 #define F_COUNTER_ROW(field, key, json, prom, label, help) \
     {key, json, prom, label, COUNTER, help, ALWAYS},
     AT_ZONE_COUNTERS(F_COUNTER_ROW)
@@ -133,6 +134,7 @@ static void fill_values(zone_view_t *z)
     v[F_RATE_DELAY] = s->rate.delay == AT_RATE_NODELAY ? s->rate.burst : s->rate.delay;
     v[F_RATE_BY_KEY] = s->rate_by_key;
     v[F_RATE_KEYS] = s->rate_keys_in;
+    v[F_READ_BODY_HELD] = (double)s->body_held;
 #define F_COUNTER_VALUE(field, ...) v[F_##field] = (double)s->counters.field;
     AT_ZONE_COUNTERS(F_COUNTER_VALUE)
 #undef F_COUNTER_VALUE

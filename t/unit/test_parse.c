@@ -42,6 +42,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.timeout_us, 4000000);
     assert_int_equal(c.retry_after, AT_RETRY_AFTER_AUTO);
     assert_int_equal(c.read_body, 64 * 1024);
+    assert_int_equal(c.read_body_total, 16 * 1024 * 1024);
     assert_int_equal(c.retry_after_max, 30);
     assert_int_equal(c.client_v6_prefix, 64);
 
@@ -240,6 +241,9 @@ static void test_refused(void **state)
         {"limit=1 read_body=-1", "-1"},
         {"limit=1 read_body=17M", "17M"},
         {"limit=1 read_body=lots", "lots"},
+        {"limit=1 read_body_total=0", "0"},
+        {"limit=1 read_body_total=1k read_body=4k", "would never be read first"},
+        {"limit=1 read_body_total=32k", "less than read_body=65536"},
         {"limit=1 retry_after_max=0", "0"},
         {"limit=1 retry_after_max=86401", "86401"},
         {"limit=1 retry_after=5 retry_after_max=10", "retry_after=5"},
@@ -275,6 +279,10 @@ static void test_hardening_keys(void **state)
     assert_null(parse_line("limit=2 read_body=1M retry_after_max=120", &c));
     assert_int_equal(c.read_body, 1024 * 1024);
     assert_int_equal(c.retry_after_max, 120);
+    assert_null(parse_line("limit=2 read_body=1M read_body_total=1M", &c));
+    assert_int_equal(c.read_body_total, 1024 * 1024);
+    assert_null(parse_line("limit=2 read_body_total=2G", &c));
+    assert_int_equal(c.read_body_total, APR_UINT64_C(2) << 30);
     assert_null(parse_line("limit=2 per_client=1 per_client_v6=/128", &c));
     assert_int_equal(c.client_v6_prefix, 128);
     assert_null(parse_line("limit=2 per_client=1 per_client_v6=48", &c));

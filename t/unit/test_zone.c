@@ -1595,6 +1595,149 @@ static void test_repair_is_logged_without_the_lock(void **state)
     zone_free(z);
 }
 
+/* A zone of one slot whose waiting requests may hold total body bytes. */
+static at_zone_t *zone_bodies(apr_uint64_t read_body, apr_uint64_t total)
+{
+    at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 1000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .read_body = read_body,
+                        .read_body_total = total};
+
+    return zone_new_conf(&c);
+}
+
+/* read_body_total: bodies count against the zone's bound until let go;
+ * one that would pass it is not held (its handler reads it), and a
+ * process that dies holding some gives them back at reclaim. */
+static void test_bodies_bounded(void **state)
+{
+    at_zone_t *z = zone_bodies(600, 1000);
+    apr_int32_t a, b, d;
+    pid_t pid;
+    (void)state;
+
+    assert_true((a = at_zone_body_hold(z, 600)) > 0);
+    assert_int_equal(at_zone_body_hold(z, 600), 0);
+    assert_true((b = at_zone_body_hold(z, 400)) > 0);
+    assert_int_equal(at_zone_body_hold(z, 1), 0);
+    assert_int_equal(stats_of(z).body_held, 1000);
+    assert_int_equal(stats_of(z).body_cap, 1000);
+    at_zone_body_let_go(z, a);
+    assert_int_equal(at_zone_body_held(z), 400);
+
+    /* a child holds 500 and dies: reclaim gives them back */
+    if ((pid = fork()) == 0) {
+        _exit(at_zone_body_hold(z, 500) > 0 ? 0 : 1);
+    }
+    {
+        int status;
+
+        waitpid(pid, &status, 0);
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    assert_int_equal(at_zone_body_held(z), 900);
+    assert_int_equal(at_zone_body_hold(z, 200), 0);
+    at_zone_reclaim(z);
+    assert_int_equal(at_zone_body_held(z), 400);
+    assert_true((d = at_zone_body_hold(z, 600)) > 0);
+    at_zone_body_let_go(z, d);
+    at_zone_body_let_go(z, b);
+    assert_int_equal(stats_of(z).body_held, 0);
+    zone_free(z);
+}
+
+/* Let go while another process holds the lock: the next holder frees it;
+ * and a repair counts the total again from the records. */
+static void test_bodies_let_go_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_bodies(100, 1000);
+    apr_int32_t a = at_zone_body_hold(z, 100), n = 0;
+    int fds[2];
+    pid_t pid;
+    char ch;
+    (void)state;
+
+    assert_true(a > 0);
+    assert_int_equal(pipe(fds), 0);
+    if ((pid = fork()) == 0) {
+        at_zone_debug_take_lock(z);
+        assert_int_equal(write(fds[1], "x", 1), 1);
+        usleep(300 * MS);
+        at_zone_debug_release_lock(z);
+        _exit(0);
+    }
+    assert_int_equal(read(fds[0], &ch, 1), 1);
+    at_zone_body_let_go(z, a); /* cannot have the lock in time */
+    assert_int_equal(at_zone_body_held(z), 100);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(stats_of(z).body_held, 0); /* taking the lock tidied it */
+
+    /* every record taken, then a process dies holding the lock */
+    while (at_zone_body_hold(z, 1) > 0) {
+        n++;
+    }
+    assert_int_equal(n, 1000);
+    assert_int_equal(at_zone_body_held(z), 1000);
+    if ((pid = fork()) == 0) {
+        at_zone_debug_take_lock(z);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    assert_int_equal(stats_of(z).body_held, 1000); /* counted again, unchanged */
+    assert_int_equal(stats_of(z).counters.lock_repairs, 1);
+    close(fds[0]);
+    close(fds[1]);
+    zone_free(z);
+}
+
+/* A status read holds the lock for a copy: the per-key table, the slots
+ * and the 16,384 rate= buckets are walked after it is let go. */
+static void test_scrape_walks_outside_the_lock(void **state)
+{
+    at_zone_conf_t c = {.limit = 8, .queue = 8, .timeout_us = 1000 * MS,
+                        .retry_after = AT_RETRY_AFTER_AUTO, .per_key = 4, .keyed = 1,
+                        .rate = {.interval_ns = APR_INT64_C(1000000000), .burst = 2,
+                                 .delay = AT_RATE_NODELAY}};
+    at_zone_t *z = zone_new_conf(&c);
+    at_ticket_t held[3];
+    at_zone_stats_t s;
+    char text[32];
+    (void)state;
+
+    /* a bucket for each of many keys */
+    for (int i = 0; i < 4000; i++) {
+        at_client_key_t k;
+        at_ticket_t t;
+        at_request_t rq = {.client = &k, .may_wait = 1};
+
+        snprintf(text, sizeof(text), "key-%d", i);
+        at_zone_key_from_text(z, text, strlen(text), &k);
+        assert_int_equal(at_zone_acquire_req(z, &t, &rq, NULL, NULL), AT_ADMITTED);
+        at_zone_release(z, &t);
+    }
+    for (int i = 0; i < 3; i++) {
+        at_client_key_t k;
+        at_request_t rq = {.client = &k, .may_wait = 1};
+
+        at_zone_key_from_text(z, "busy", 4, &k);
+        assert_int_equal(at_zone_acquire_req(z, &held[i], &rq, NULL, NULL), AT_ADMITTED);
+    }
+    __atomic_store_n(&at_test_scrape_walked, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&at_test_scrape_walked_locked, 0, __ATOMIC_SEQ_CST);
+    at_zone_stats(z, &s);
+    assert_false(s.stale);
+    assert_true(s.rate_keys >= 16384);
+    assert_true(s.rate_keys_in >= 3000); /* the buckets walked are the zone's */
+    assert_int_equal(s.nbusiest, 1);
+    assert_int_equal(s.busiest[0].count, 3);
+    assert_true(s.oldest_pid == getpid());
+    assert_true(at_test_scrape_walked >= s.rate_keys + s.nslots);
+    assert_int_equal(at_test_scrape_walked_locked, 0);
+    for (int i = 0; i < 3; i++) {
+        at_zone_release(z, &held[i]);
+    }
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1633,6 +1776,9 @@ int main(void)
         cmocka_unit_test(test_death_in_a_handoff_to_a_waiter_that_left),
         cmocka_unit_test(test_windows_are_logged_without_the_lock),
         cmocka_unit_test(test_repair_is_logged_without_the_lock),
+        cmocka_unit_test(test_bodies_bounded),
+        cmocka_unit_test(test_bodies_let_go_without_the_lock),
+        cmocka_unit_test(test_scrape_walks_outside_the_lock),
     };
 
     return cmocka_run_group_tests_name("zone", tests, NULL, NULL);
