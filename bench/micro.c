@@ -16,30 +16,15 @@
 #include <unistd.h>
 
 #include "at_zone.h"
+#include "bench_zone.h"
 
-/* A fixed zone in anonymous shared memory, with the spare records the
- * module's zones have. */
-static apr_size_t zone_bytes;
-
+/* A fixed zone, with the spare records the module's zones have. */
 static at_zone_t *zone_new(apr_uint32_t limit, apr_uint32_t queue, apr_int64_t timeout_us)
 {
     at_zone_conf_t c = {.limit = limit, .queue = queue, .timeout_us = timeout_us,
                         .retry_after = AT_RETRY_AFTER_AUTO};
-    apr_uint32_t nslots = limit * 2 + 4, nwaiters = queue * 2 + 4;
-    void *mem;
 
-    zone_bytes = at_zone_size(nslots, nwaiters, 0);
-    mem = mmap(NULL, zone_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED || at_zone_init(mem, zone_bytes, "bench", &c, nslots, nwaiters)) {
-        fprintf(stderr, "micro: cannot lay out a zone\n");
-        exit(1);
-    }
-    return mem;
-}
-
-static void zone_free(at_zone_t *z)
-{
-    munmap(z, zone_bytes);
+    return bench_zone_new(&c, limit * 2 + 4, queue * 2 + 4, "micro");
 }
 
 static at_zone_t *zone;
@@ -119,13 +104,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < repeat; i++) {
         zone = zone_new(1000, 0, 60 * APR_INT64_C(1000000));
         u[i] = run_uncontended(pairs);
-        zone_free(zone);
+        bench_zone_free(zone);
         zone = zone_new(8, 64, 60 * APR_INT64_C(1000000));
         c8[i] = run_threads(2, 4, pairs);
-        zone_free(zone);
+        bench_zone_free(zone);
         zone = zone_new(2, 64, 60 * APR_INT64_C(1000000));
         c2[i] = run_threads(2, 4, pairs / 10);
-        zone_free(zone);
+        bench_zone_free(zone);
     }
     printf("| case | ns per acquire+release (median of %d) | pairs per second |\n", repeat);
     printf("|---|---|---|\n");

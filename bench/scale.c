@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "at_zone.h"
+#include "bench_zone.h"
 
 #define LIMIT 150
 #define RESERVE 10
@@ -74,15 +75,8 @@ static at_zone_t *zone_new(apr_uint32_t queue)
     at_zone_conf_t c = {.limit = LIMIT, .queue = queue, .reserve = RESERVE,
                         .timeout_us = 60 * APR_INT64_C(1000000),
                         .retry_after = AT_RETRY_AFTER_AUTO};
-    apr_uint32_t nslots = LIMIT * 2, nwaiters = queue * 2;
-    apr_size_t size = at_zone_size(nslots, nwaiters, 0);
-    void *mem = map_shared(size);
 
-    if (at_zone_init(mem, size, "scale", &c, nslots, nwaiters)) {
-        fprintf(stderr, "scale: cannot lay out a zone\n");
-        exit(1);
-    }
-    return mem;
+    return bench_zone_new(&c, LIMIT * 2, queue * 2, "scale");
 }
 
 static int stopping(void *unused)

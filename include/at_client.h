@@ -10,6 +10,11 @@
 #include <apr.h>
 #include <apr_network_io.h>
 
+/* per_client counts IPv6 clients per /64 (one site's subnet) by default;
+ * per_client_v6 takes /32 to /128. */
+#define AT_CLIENT_V6_PREFIX 64
+#define AT_CLIENT_V6_PREFIX_MIN 32
+
 /* The client's family in the first byte, then its address (IPv6: the
  * prefix); or AT_CLIENT_KEY_TEXT, then a 128-bit keyed hash of a text.
  * All zero: nobody, never counted. */
@@ -26,6 +31,8 @@ typedef struct {
 void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefix,
                                  at_client_key_t *out);
 
+/* Nobody: the key of a request with no client, all zero. */
+extern const at_client_key_t at_client_nobody;
 int at_client_key_none(const at_client_key_t *k);
 
 /* SipHash-2-4 of data under the 128-bit key k0, k1. */

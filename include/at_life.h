@@ -8,19 +8,7 @@
 
 #include <apr.h>
 #include "at_owner.h"
-
-/* A private random source (splitmix64): never touches rand()'s state. */
-typedef struct {
-    apr_uint64_t s;
-} at_rng_t;
-
-void at_rng_seed(at_rng_t *r);
-void at_rng_seed_with(at_rng_t *r, apr_uint64_t seed);
-apr_uint64_t at_rng_next(at_rng_t *r);
-double at_rng_unit(at_rng_t *r); /* uniform in [0, 1) */
-
-/* Uniform in [min, max], both included, without modulo bias. */
-apr_uint32_t at_rng_uniform(at_rng_t *r, apr_uint32_t min, apr_uint32_t max);
+#include "at_rng.h"
 
 /*
  * The k-th child's lifetime in [min, max]. Independent uniform draws

@@ -25,11 +25,6 @@
  * server error. */
 #define AT_REFUSE_STATUS_DEFAULT 503
 
-/* per_client counts IPv6 clients per /64 (one site's subnet) by default;
- * per_client_v6 takes /32 to /128. */
-#define AT_CLIENT_V6_PREFIX 64
-#define AT_CLIENT_V6_PREFIX_MIN 32
-
 /* limit=auto starts at this many times the online CPUs; its default bounds
  * are 1 and the workers the server can give the zone (at_conf_max_from_workers),
  * or AT_AUTO_MAX_PER_CPU times the online CPUs where the MPM does not say. */

@@ -13,7 +13,7 @@
 
 #include <sys/wait.h>
 
-#include "../../src/mod_adaptive_throttle_life.c"
+#include "../../src/httpd/mod_adaptive_throttle_life.c"
 
 /* ---- stand-ins for httpd ------------------------------------------------ */
 

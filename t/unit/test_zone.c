@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "at_retry.h"
 #include "at_tuning.h"
 #include "at_zone.h"
 #include "zone_test_util.h"
@@ -658,6 +659,69 @@ static void test_retry_after_resists_one_slow_request(void **state)
     assert_int_equal(at_retry_after_secs(100, 2000 * MS, 1, 5), 5);
     assert_int_equal(at_retry_after_secs(3, 2000 * MS, 2, 0), 4);
     assert_int_equal(at_retry_after_secs(0, 0, 1, 0), 1);
+}
+
+/* retry_after=auto: the refused are told times spread around the advice R
+ * (over [R/2, 3R/2]), so that they do not all come back at once, and each
+ * thread draws its own. Here the floor is 4 s or more (8 waiters behind one
+ * slot whose request took 400 ms or more: 9 x 0.4 s), and a window of
+ * refusals with no room freed doubles the advice above it. */
+enum { RETRY_DRAWS = 40 };
+
+static void *draw_retry_afters(void *p)
+{
+    waiter_arg_t *a = p;
+
+    for (int i = 0; i < RETRY_DRAWS; i++) {
+        a->order[i] = (int)at_zone_retry_after(a->z);
+    }
+    return NULL;
+}
+
+static void test_retry_after_is_spread(void **state)
+{
+    enum { N = 8 };
+    at_zone_t *z = zone_new(1, N, 5000 * MS);
+    pthread_t th[N], one, other;
+    waiter_arg_t a[N], mine = {0}, theirs = {0};
+    int here[RETRY_DRAWS], there[RETRY_DRAWS], seen[32] = {0}, distinct = 0;
+    at_ticket_t hold, refused;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    usleep(400 * 1000); /* sleeps run long, never short */
+    at_zone_release(z, &hold);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    for (int i = 0; i < N; i++) {
+        a[i] = (waiter_arg_t){z, i, AT_ERROR, 0, 0, NULL, NULL, NULL, NULL};
+        pthread_create(&th[i], NULL, waiter_thread, &a[i]);
+    }
+    wait_until_queued(z, N);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(at_zone_acquire(z, &refused, NULL, NULL), AT_REJECTED_FULL);
+    }
+    usleep(AT_RETRY_WINDOW_MIN_US + 100 * 1000);
+    /* closes the window: the advice doubles */
+    assert_int_equal(at_zone_acquire(z, &refused, NULL, NULL), AT_REJECTED_FULL);
+    mine = (waiter_arg_t){.z = z, .order = here};
+    theirs = (waiter_arg_t){.z = z, .order = there};
+    pthread_create(&one, NULL, draw_retry_afters, &mine); /* two new threads */
+    pthread_create(&other, NULL, draw_retry_afters, &theirs);
+    pthread_join(one, NULL);
+    pthread_join(other, NULL);
+    for (int i = 0; i < RETRY_DRAWS; i++) {
+        assert_in_range(here[i], 4, 30);
+        assert_in_range(there[i], 4, 30);
+        distinct += !seen[here[i]]++;
+    }
+    assert_true(distinct >= 4);
+    assert_memory_not_equal(here, there, sizeof(here));
+    at_zone_release(z, &hold);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_QUEUED);
+    }
+    zone_free(z);
 }
 
 /* An ErrorDocument whose target is in the zone: a free slot at once or
@@ -1697,6 +1761,7 @@ int main(void)
         cmocka_unit_test(test_successor_counts_what_runs_in_the_old_zone),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_retry_after_resists_one_slow_request),
+        cmocka_unit_test(test_retry_after_is_spread),
         cmocka_unit_test(test_error_page_takes_only_a_free_slot),
         cmocka_unit_test(test_reconfigure_does_not_wait_for_the_lock),
         cmocka_unit_test(test_death_at_every_step_of_a_handoff),

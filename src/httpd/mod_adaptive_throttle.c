@@ -4,7 +4,7 @@
  * for a slot in the handler phase, before any handler runs; it is let
  * through, waits, or is refused with the zone's status and Retry-After,
  * and its slot goes back when the response is done (a filter, or the
- * request's pool). The zone itself is the APR-only core (src/at_zone*.c);
+ * request's pool). The zone itself is the APR-only core (src/core/at_zone*.c);
  * the directives are in mod_adaptive_throttle_conf.c, the shared memory's
  * life in mod_adaptive_throttle_shm.c.
  */
@@ -25,6 +25,7 @@
 
 #include "mod_status.h"
 
+#include "at_parse.h"
 #include "at_zone.h"
 #include "mod_adaptive_throttle.h"
 
@@ -522,6 +523,46 @@ static int throttle_handler(request_rec *r)
     }
 }
 
+/* ---- the table ------------------------------------------------------------- */
+
+static const command_rec throttle_cmds[] = {
+    AP_INIT_TAKE_ARGV("ThrottleZone", at_set_zone, NULL, RSRC_CONF,
+                      "ThrottleZone NAME" AT_ZONE_USAGE ": a shared cap and queue"),
+    AP_INIT_TAKE1("Throttle", at_set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
+                  "Throttle NAME|off: requests here use zone NAME, or none"),
+    AP_INIT_TAKE2("ThrottleHandler", at_set_handler_zone, NULL, RSRC_CONF,
+                  "ThrottleHandler HANDLER NAME: requests whose final handler is "
+                  "HANDLER (a name or a wildcard pattern) use zone NAME"),
+    AP_INIT_TAKE1("ThrottleBypass", at_set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
+                  "ThrottleBypass EXPR: requests for which EXPR is true are not "
+                  "throttled"),
+    AP_INIT_TAKE12("ThrottlePriority", at_set_priority, NULL, RSRC_CONF | ACCESS_CONF,
+                   "ThrottlePriority N [timeout=DURATION]: requests here wait in "
+                   "priority order, higher first (-10 to 10, default 0); the timeout "
+                   "replaces the zone's"),
+    AP_INIT_TAKE_ARGV("ThrottleCluster", at_set_cluster, NULL, RSRC_CONF,
+                      "ThrottleCluster NAME redis://HOST[:PORT][/DB]|unix:/PATH "
+                      "[password_file=PATH] [prefix=STR] [period=DURATION] "
+                      "[timeout=DURATION] [db=N]: a Redis through which servers share "
+                      "the limits of their cluster=NAME zones"),
+    AP_INIT_TAKE1("ThrottleAgent", at_set_agent, NULL, RSRC_CONF,
+                  "ThrottleAgent NAME: connections to this virtual host's address "
+                  "get HAProxy's agent-check line for zone NAME instead of HTTP"),
+    AP_INIT_TAKE1("ThrottleDrainFile", at_set_drain_file, NULL, RSRC_CONF,
+                  "ThrottleDrainFile PATH: while PATH exists, the agent says drain "
+                  "and throttle-health answers 503"),
+    AP_INIT_TAKE1("ThrottleKeepIdleWorkers", at_set_keep_idle_workers, NULL, RSRC_CONF,
+                  "ThrottleKeepIdleWorkers N: a request that would wait is refused "
+                  "while fewer than N workers are idle (0: off; default 5% of "
+                  "MaxRequestWorkers, at least 2)"),
+    AP_INIT_TAKE2("ThrottleChildLifetime", at_set_child_lifetime, NULL, RSRC_CONF,
+                  "ThrottleChildLifetime MIN MAX: each child serves a number of "
+                  "connections drawn from [MIN, MAX], then retires"),
+    AP_INIT_TAKE12("ThrottleChildMaxAge", at_set_child_max_age, NULL, RSRC_CONF,
+                   "ThrottleChildMaxAge DURATION [JITTER%]: prefork children retire "
+                   "after about DURATION, even when idle"),
+    {NULL}};
+
 /* ---- registration ----------------------------------------------------------- */
 
 static void throttle_register_hooks(apr_pool_t *p)
@@ -551,7 +592,7 @@ module AP_MODULE_DECLARE_DATA adaptive_throttle_module = {
     at_merge_dir_conf,
     at_create_srv_conf,
     at_merge_srv_conf,
-    at_throttle_cmds,
+    throttle_cmds,
     throttle_register_hooks,
     AP_MODULE_FLAG_NONE
 };

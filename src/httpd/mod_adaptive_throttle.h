@@ -57,8 +57,14 @@ typedef struct {
     apr_int64_t priority_timeout_us; /* 0: the zone's timeout */
 } dir_conf_t;
 
-/* Directives and zone refs (mod_adaptive_throttle_conf.c). */
-extern const command_rec at_throttle_cmds[];
+/* Directives and zone refs (mod_adaptive_throttle_conf.c); the table of
+ * directives is mod_adaptive_throttle.c's, beside the module's record. */
+const char *at_set_zone(cmd_parms *cmd, void *dummy, int argc, char *const argv[]);
+const char *at_set_throttle(cmd_parms *cmd, void *dconf, const char *name);
+const char *at_set_handler_zone(cmd_parms *cmd, void *dummy, const char *handler,
+                                const char *name);
+const char *at_set_bypass(cmd_parms *cmd, void *dconf, const char *expr);
+const char *at_set_priority(cmd_parms *cmd, void *dconf, const char *n, const char *opt);
 void *at_create_srv_conf(apr_pool_t *p, server_rec *s);
 void *at_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
 void *at_create_dir_conf(apr_pool_t *p, char *dir);

@@ -8,9 +8,10 @@
  * found and given back. The records are the truth; counts, free lists and
  * queue links are derived from them and rebuilt if a process dies while it
  * holds the lock (at_zone_lock.c). Each other concern has a file of its
- * own: records and the queue (at_zone_records.c), layout and life cycle
- * (at_zone_life.c), reclaim (at_zone_reclaim.c), waiting (at_zone_wait.c),
- * the figures (at_zone_stats.c).
+ * own, in layers that call only downwards (at_zone_impl.h): records, the
+ * queue and who runs next (at_zone_records.c), layout and life cycle
+ * (at_zone_life.c), the lock, reclaim (at_zone_reclaim.c), the figures
+ * (at_zone_stats.c), waiting (at_zone_wait.c). This file is the top.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -19,95 +20,7 @@
 #include <string.h>
 #include <syslog.h>
 
-#ifdef AT_TEST_HOOKS
-void (*at_test_step_hook)(int where, int step);
-#endif
-
-/* ---- mem= (lock held) ------------------------------------------------ */
-
-/* Running requests younger than settle_us, which a reading may not show. */
-static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settle_us)
-{
-    at_zone_t *z = ctx;
-    apr_uint32_t i, n = 0;
-
-    for (i = 0; i < z->nslots; i++) {
-        const at_slot_t *s = &slots(z)[i];
-
-        n += s->owner.pid != 0 && now - s->since_us < settle_us;
-    }
-    return n;
-}
-
-/* Judged at this moment: a reading that was fresh before a long wait for
- * the lock is not any more. A zone without mem= reads no clock for it:
- * this is on every request's path. */
-static int mem_allows(at_zone_t *z)
-{
-    return !z->mem.bytes || at_memgate_estimate(&z->mem, at_now_us());
-}
-
-void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m)
-{
-    m->warn = 0;
-    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r);
-}
-
-void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
-{
-    if (m->taken) {
-        m->warn = at_memgate_apply(&z->mem, &m->r, at_now_us(), z->active, young_requests, z);
-        m->taken = 0;
-    }
-}
-
-void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
-{
-    if (m->warn) {
-        m->warn = 0;
-        at_log(LOG_WARNING, "zone %s: cannot read the available memory (/proc/meminfo, "
-               "memory cgroup); mem= is not enforced", z->name);
-    }
-}
-
-void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m)
-{
-    zone_unlock(z);
-    zone_mem_warn_after_unlock(z, m);
-}
-
-/* ---- what runs (lock held) ------------------------------------------- */
-
-/* Requests running against this zone's limit: its own, and those still
- * running in the zones it replaced at restarts, until they end. */
-apr_uint32_t zone_running(const at_zone_t *z)
-{
-    apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
-    int depth = 0;
-
-    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < 8;
-         z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
-        n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
-    }
-    return n;
-}
-
 /* ---- priorities (lock held) ------------------------------------------ */
-
-/* The slots a request of this priority may fill: reserve= keeps the last
- * ones for priorities above 0, and always leaves one for the rest. */
-apr_uint32_t zone_slots_for(const at_zone_t *z, int priority)
-{
-    apr_uint32_t keep = z->reserve;
-
-    if (priority > 0 || !keep) {
-        return z->limit;
-    }
-    if (keep >= z->limit) {
-        keep = z->limit ? z->limit - 1 : 0;
-    }
-    return z->limit - keep;
-}
 
 /* Waiters a request of this priority would find ahead of it. */
 apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority)
@@ -122,54 +35,6 @@ apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority)
         n += z->queued_at[PRIO_INDEX(p)];
     }
     return n;
-}
-
-/* Who runs next: the head of the queue (the oldest of the highest
- * priority waiting), or with order=lifo while the queue stands the newest
- * of that priority, the last before the queue's priority drops. */
-static apr_int32_t next_to_run(const at_zone_t *z, apr_int64_t now)
-{
-    const at_waiter_t *w = waiters((at_zone_t *)z);
-    apr_int32_t i = z->qhead;
-
-    if (z->order != AT_ORDER_LIFO || i == NONE
-        || at_codel_standing_for(&z->codel, now, z->typical_service_us) == 0) {
-        return i;
-    }
-    while (w[i].next != NONE && w[w[i].next].priority == w[z->qhead].priority) {
-        i = w[i].next;
-    }
-    return i;
-}
-
-void zone_dispatch(at_zone_t *z)
-{
-    at_waiter_t *w = waiters(z);
-    apr_int64_t now = at_now_us();
-
-    while (z->qhead != NONE && zone_running(z) < zone_slots_for(z, w[z->qhead].priority) &&
-           z->free_slot != NONE && mem_allows(z)) {
-        apr_int32_t i = next_to_run(z, now), slot;
-
-        zone_queue_unlink(z, i);
-        AT_STEP(AT_STEP_DISPATCH, 1);
-        slot = zone_slot_pop_free(z);
-        AT_STEP(AT_STEP_DISPATCH, 2);
-        w[i].slot = slot;
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        AT_STEP(AT_STEP_DISPATCH, 3);
-        zone_slot_fill(z, slot, &w[i].owner, w[i].ticket, &w[i].client, now);
-        at_memgate_started(&z->mem);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        AT_STEP(AT_STEP_DISPATCH, 4);
-        if (!zone_leave_waiting(&w[i], W_GRANTED)) {
-            AT_STEP(AT_STEP_DISPATCH, 6);
-            zone_slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
-            continue;
-        }
-        AT_STEP(AT_STEP_DISPATCH, 5);
-        zone_wake_word(&w[i].wake);
-    }
 }
 
 /* limit=auto: a newcomer whose turn would come after the timeout is told
@@ -283,7 +148,7 @@ static int slot_free_for_newcomer(const at_zone_t *z, int priority)
 
 static int can_run_now(at_zone_t *z, int priority)
 {
-    return slot_free_for_newcomer(z, priority) && mem_allows(z);
+    return slot_free_for_newcomer(z, priority) && zone_mem_allows(z);
 }
 
 static void ticket_clear(at_ticket_t *t, int untimed)
@@ -350,10 +215,8 @@ static int evict_for(at_zone_t *z, int priority)
 /* Priorities outside the range are taken as its nearest end. */
 static void fill_request_defaults(at_request_t *rq, const at_zone_t *z)
 {
-    static const at_client_key_t nobody;
-
     if (!rq->client) {
-        rq->client = &nobody;
+        rq->client = &at_client_nobody;
     }
     rq->priority = rq->priority < AT_PRIORITY_MIN   ? AT_PRIORITY_MIN
                    : rq->priority > AT_PRIORITY_MAX ? AT_PRIORITY_MAX
@@ -578,7 +441,6 @@ at_result_t at_zone_acquire_req(at_zone_t *z, at_ticket_t *t, const at_request_t
 
 at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
 {
-    static const at_client_key_t nobody;
     apr_int64_t now = at_now_us();
     at_result_t r = AT_REJECTED_FULL;
     int rc;
@@ -589,7 +451,7 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t)
     }
     t->ticket = ++z->next_ticket;
     if (can_run_now(z, 0)) {
-        t->slot = zone_slot_take(z, at_owner_self(), t->ticket, &nobody, now);
+        t->slot = zone_slot_take(z, at_owner_self(), t->ticket, &at_client_nobody, now);
         at_memgate_started(&z->mem);
         t->granted_us = now;
         r = AT_ADMITTED;
@@ -659,4 +521,61 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
     zone_log_window(z, &note);
     t->slot = NONE;
     return service;
+}
+
+apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
+{
+    if (!at_zone_can_hold(z, c)) {
+        return APR_EINVAL;
+    }
+    zone_publish_conf(z, c);
+    if (zone_trylock(z) != 0) {
+        return APR_EBUSY; /* the holder, or the next one, applies it */
+    }
+    zone_unlock(z); /* taking the lock applied it */
+    return APR_SUCCESS;
+}
+
+/* ---- read_body_total: the bodies' front, which takes the lock ---- */
+
+/* Bytes for a body about to be read before its request has a slot. The
+ * lock is waited for AT_BODY_LOCK_US at most: a request that cannot have
+ * it in time simply does not read its body first. */
+apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes)
+{
+    apr_int32_t i = NONE;
+
+    if (!bytes || zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        return 0;
+    }
+    if (z->free_body != NONE && bytes <= z->body_cap && z->body_held <= z->body_cap - bytes) {
+        at_body_t *b;
+
+        i = z->free_body;
+        b = &z->body[i];
+        z->free_body = b->next;
+        b->bytes = bytes;
+        b->next = NONE;
+        b->owner = *at_owner_self(); /* last: a record with an owner counts */
+        z->body_held += bytes;
+    }
+    zone_unlock(z);
+    return i + 1;
+}
+
+void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle)
+{
+    apr_int32_t i = handle - 1;
+
+    if (i < 0 || i >= AT_BODY_RECORDS) {
+        return;
+    }
+    if (zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
+        /* the holder of the lock, or the next one, frees it */
+        __atomic_store_n(&z->body[i].released, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    zone_body_free(z, i);
+    zone_unlock(z);
 }

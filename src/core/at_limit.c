@@ -54,6 +54,28 @@ apr_uint32_t at_limit_window_services(const at_limit_t *c)
     return c->top ? TOP_WINDOWS * AT_LIMIT_WINDOW_SERVICES : AT_LIMIT_WINDOW_SERVICES;
 }
 
+int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
+                            double sumsq_us)
+{
+    /* a share of the smallest step: 20 % of the limit, or 1 */
+    double tolerance = SAMPLE_TOLERANCE / at_limit_value(c);
+    double mean, var;
+
+    if (n >= AT_LIMIT_MIN_SAMPLES) {
+        return 1;
+    }
+    if (n < AT_LIMIT_FEW_SAMPLES || sum_us <= 0) {
+        return 0;
+    }
+    mean = sum_us / n;
+    var = (sumsq_us - sum_us * mean) / (n - 1);
+    /* var < 0 only by rounding, when all took the same time */
+    if (tolerance < RSE_FLOOR) {
+        tolerance = RSE_FLOOR;
+    }
+    return var <= 0 || sqrt(var / n) <= tolerance * mean;
+}
+
 /* What the climb found no longer holds (the work changed, or demand fell
  * under the limit): the next climb is judged with short windows and
  * unconfirmed steps. */

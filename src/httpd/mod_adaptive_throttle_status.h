@@ -67,6 +67,9 @@ enum { P_ADMITTED, P_REJECTED, P_QUEUED, P_WAIT_P50, P_WAIT_P90, P_WAIT_P99, NPF
 
 #define PRIO_OF(i) ((i) + AT_PRIORITY_MIN)
 
+/* mod_adaptive_throttle_status_model.c: each zone configured, with its
+ * figures read now (an array of zone_view_t). */
+apr_array_header_t *at_status_zone_views(apr_pool_t *p);
 /* Integers print as integers (exact to 2^53), the rest with 3 decimals. */
 const char *at_status_num(apr_pool_t *p, double v);
 /* A field's value as the text formats show it. */

@@ -265,7 +265,7 @@ at_zone_t *at_zone_let_go_predecessor(at_zone_t *z)
 
 /* Only the server's parent writes a definition, one restart at a time;
  * readers check the sequence around their copy (a seqlock). */
-static void publish_conf(at_zone_t *z, const at_zone_conf_t *c)
+void zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
     apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED);
 
@@ -293,17 +293,4 @@ void zone_apply_published_conf(at_zone_t *z)
     z->conf_applied = seq;
     apply_conf(z, &c);
     zone_dispatch(z); /* a raised limit frees waiters at once */
-}
-
-apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
-{
-    if (!at_zone_can_hold(z, c)) {
-        return APR_EINVAL;
-    }
-    publish_conf(z, c);
-    if (zone_trylock(z) != 0) {
-        return APR_EBUSY; /* the holder, or the next one, applies it */
-    }
-    zone_unlock(z); /* taking the lock applied it */
-    return APR_SUCCESS;
 }

@@ -3,6 +3,8 @@
  * holding it leaves the records whole; the next holder rebuilds what is
  * derived from them (zone_repair), tidies what waiters left without it, and
  * applies a definition published since. Every wait for it is bounded.
+ * mem= readings are taken before it, applied once it is held, and a
+ * failure is logged after letting it go.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -343,6 +345,51 @@ at_result_t zone_lock_refusal(at_zone_t *z, int rc)
     }
     __atomic_add_fetch(&z->counters.rejected_locked, 1, __ATOMIC_RELAXED);
     return AT_REJECTED_LOCKED;
+}
+
+/* ---- mem= (lock held) ------------------------------------------------ */
+
+/* Running requests younger than settle_us, which a reading may not show. */
+static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settle_us)
+{
+    at_zone_t *z = ctx;
+    apr_uint32_t i, n = 0;
+
+    for (i = 0; i < z->nslots; i++) {
+        const at_slot_t *s = &slots(z)[i];
+
+        n += s->owner.pid != 0 && now - s->since_us < settle_us;
+    }
+    return n;
+}
+
+void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m)
+{
+    m->warn = 0;
+    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r);
+}
+
+void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
+{
+    if (m->taken) {
+        m->warn = at_memgate_apply(&z->mem, &m->r, at_now_us(), z->active, young_requests, z);
+        m->taken = 0;
+    }
+}
+
+void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
+{
+    if (m->warn) {
+        m->warn = 0;
+        at_log(LOG_WARNING, "zone %s: cannot read the available memory (/proc/meminfo, "
+               "memory cgroup); mem= is not enforced", z->name);
+    }
+}
+
+void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m)
+{
+    zone_unlock(z);
+    zone_mem_warn_after_unlock(z, m);
 }
 
 #ifdef AT_TEST_HOOKS

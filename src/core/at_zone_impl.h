@@ -286,7 +286,19 @@ typedef struct {
     at_mem_reading_t r;
 } mem_read_t;
 
-/* at_zone_records.c: records, free lists, the priority queue, waking (lock held) */
+/*
+ * The files call each other in layers, each only the ones below it
+ * (t/check-layers fails on a circle):
+ *   at_zone.c                         acquire, release, reconfigure
+ *   at_zone_wait.c                    a queued request's wait
+ *   at_zone_reclaim.c, at_zone_stats.c
+ *   at_zone_lock.c                    the lock, its repair, mem= around it
+ *   at_zone_life.c                    layout, laying, definitions
+ *   at_zone_records.c                 records, the queue, who runs next
+ */
+
+/* at_zone_records.c: records, free lists, the priority queue, waking, who
+ * runs next (lock held) */
 void zone_client_add(at_zone_t *z, const at_client_key_t *k);
 void zone_client_remove(at_zone_t *z, const at_client_key_t *k);
 void zone_recount_clients(at_zone_t *z);
@@ -312,28 +324,30 @@ int zone_leave_waiting(at_waiter_t *w, apr_int32_t to);
 void zone_body_free(at_zone_t *z, apr_int32_t i);
 /* After a repair: the free list and the total, from the records. */
 void zone_body_recount(at_zone_t *z);
-
-/* at_zone.c: who runs next (lock held), and mem= around the lock */
-void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);
-void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m);
-void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m);
-void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m);
 apr_uint32_t zone_running(const at_zone_t *z);
 apr_uint32_t zone_slots_for(const at_zone_t *z, int priority);
-apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority);
+/* mem= lets a request start now (the last reading, judged at this moment) */
+int zone_mem_allows(at_zone_t *z);
 void zone_dispatch(at_zone_t *z);
 
-/* at_zone_lock.c: the lock, its repair, and catching up on it */
+/* at_zone_life.c: a definition published without the lock (by the
+ * server's parent), applied by the next holder */
+void zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c);
+void zone_apply_published_conf(at_zone_t *z);
+
+/* at_zone_lock.c: the lock, its repair, and catching up on it; mem=
+ * around the lock */
 int zone_trylock(at_zone_t *z);
 int zone_lock_until(at_zone_t *z, apr_int64_t until_us);
 void zone_unlock(at_zone_t *z);
 at_result_t zone_lock_refusal(at_zone_t *z, int rc);
+void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);
+void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m);
+void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m);
+void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m);
 #ifdef AT_TEST_HOOKS
 int zone_test_holding_lock(void);
 #endif
-
-/* at_zone_life.c: a published definition, applied by the next holder */
-void zone_apply_published_conf(at_zone_t *z);
 
 /* at_zone_stats.c: what the zone counts and measures (lock held) */
 void zone_count_refusal(at_zone_t *z, int priority, apr_int64_t now, int scheduled);
@@ -377,5 +391,8 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until);
 at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
                                apr_int64_t start, apr_int64_t timeout_us,
                                at_abort_fn abort_fn, void *ctx);
+
+/* at_zone.c: priorities (lock held) */
+apr_uint32_t zone_queued_ahead(const at_zone_t *z, int priority);
 
 #endif

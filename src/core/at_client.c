@@ -2,7 +2,7 @@
  * Requests per client: keys from addresses, and the table of counts.
  */
 #include "at_client.h"
-#include "at_parse.h" /* AT_CLIENT_V6_PREFIX */
+#include "at_rng.h"
 
 #include <apr_general.h>
 #include <arpa/inet.h>
@@ -59,19 +59,11 @@ void at_client_key_from_sockaddr(const apr_sockaddr_t *sa, apr_uint32_t v6_prefi
     }
 }
 
+const at_client_key_t at_client_nobody = {{0}};
+
 int at_client_key_none(const at_client_key_t *k)
 {
-    static const at_client_key_t zero;
-    return memcmp(k, &zero, sizeof(zero)) == 0;
-}
-
-static apr_uint64_t mix64(apr_uint64_t x)
-{
-    x ^= x >> 30;
-    x *= APR_UINT64_C(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x *= APR_UINT64_C(0x94d049bb133111eb);
-    return x ^ (x >> 31);
+    return memcmp(k, &at_client_nobody, sizeof(*k)) == 0;
 }
 
 static apr_uint64_t rotl(apr_uint64_t x, int b)
@@ -154,12 +146,12 @@ void at_client_table_init(at_client_table_t *t, at_client_entry_t *e, apr_uint32
 {
     t->entries_off = (apr_size_t)((char *)e - (char *)t);
     t->n = n;
-    t->seed = mix64(seed);
+    t->seed = at_mix64(seed);
     if (apr_generate_random_bytes((unsigned char *)t->secret, sizeof(t->secret))
         != APR_SUCCESS) {
         /* no random source: as hard to guess as the seed, no harder */
-        t->secret[0] = mix64(t->seed ^ APR_UINT64_C(0x9e3779b97f4a7c15));
-        t->secret[1] = mix64(t->secret[0]);
+        t->secret[0] = at_mix64(t->seed ^ AT_GOLDEN64);
+        t->secret[1] = at_mix64(t->secret[0]);
     }
     at_client_table_clear(t);
 }
@@ -191,7 +183,8 @@ static apr_uint32_t home_of(const at_client_table_t *t, const at_client_key_t *k
 
     memcpy(&lo, k->b, 8);
     memcpy(&hi, k->b + 8, 8);
-    return (apr_uint32_t)(mix64(mix64(mix64(lo ^ t->seed) ^ hi) ^ k->b[16]) & (t->n - 1));
+    return (apr_uint32_t)(at_mix64(at_mix64(at_mix64(lo ^ t->seed) ^ hi) ^ k->b[16])
+                          & (t->n - 1));
 }
 
 /* The entry for k, or the empty one where it would go. */

@@ -132,25 +132,3 @@ int limit_slowed_under_the_limit(const at_limit_t *c, const at_window_t *w, doub
     return c->baseline_us > 0 && rounded(conc) > c->cores &&
            w->service_us > WORK_CHANGED * c->baseline_us;
 }
-
-int at_limit_enough_samples(const at_limit_t *c, apr_uint32_t n, double sum_us,
-                            double sumsq_us)
-{
-    /* a share of the smallest step: 20 % of the limit, or 1 */
-    double tolerance = SAMPLE_TOLERANCE / at_limit_value(c);
-    double mean, var;
-
-    if (n >= AT_LIMIT_MIN_SAMPLES) {
-        return 1;
-    }
-    if (n < AT_LIMIT_FEW_SAMPLES || sum_us <= 0) {
-        return 0;
-    }
-    mean = sum_us / n;
-    var = (sumsq_us - sum_us * mean) / (n - 1);
-    /* var < 0 only by rounding, when all took the same time */
-    if (tolerance < RSE_FLOOR) {
-        tolerance = RSE_FLOOR;
-    }
-    return var <= 0 || sqrt(var / n) <= tolerance * mean;
-}

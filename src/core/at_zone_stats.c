@@ -5,13 +5,13 @@
  * shows.
  */
 #include "at_zone_impl.h"
+#include "at_rng.h"
 #include "at_tuning.h"
 
 #include <apr_atomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
-#include <unistd.h>
 
 /* ---- totals and Retry-After --------------------------------------------- */
 
@@ -405,17 +405,14 @@ apr_uint32_t at_retry_after_secs(apr_uint32_t queued, apr_uint64_t typical_us,
 /* Uniform in [0, 1), per thread: the spread of one Retry-After. */
 static double spread(void)
 {
-    static __thread apr_uint64_t x;
+    static __thread at_rng_t r;
+    static __thread int seeded;
 
-    if (!x) {
-        x = ((apr_uint64_t)getpid() << 32) ^ (apr_uint64_t)at_now_us() ^
-            (apr_uint64_t)(apr_uintptr_t)&x;
-        x |= 1;
+    if (!seeded) {
+        at_rng_seed(&r);
+        seeded = 1;
     }
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return (double)(x >> 11) / (double)(APR_UINT64_C(1) << 53);
+    return at_rng_unit(&r);
 }
 
 apr_uint32_t at_zone_retry_after(at_zone_t *z)

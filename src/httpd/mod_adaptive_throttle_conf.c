@@ -106,8 +106,8 @@ static const char *check_key(at_zone_conf_t *conf, const ap_expr_info_t *key)
     return NULL;
 }
 
-static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
-                            char *const argv[])
+const char *at_set_zone(cmd_parms *cmd, void *dummy, int argc,
+                        char *const argv[])
 {
     const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
     apr_array_header_t *rest;
@@ -148,7 +148,7 @@ static const char *set_zone(cmd_parms *cmd, void *dummy, int argc,
     return NULL;
 }
 
-static const char *set_throttle(cmd_parms *cmd, void *dconf, const char *name)
+const char *at_set_throttle(cmd_parms *cmd, void *dconf, const char *name)
 {
     dir_conf_t *d = dconf;
     const char *err;
@@ -167,8 +167,8 @@ static const char *set_throttle(cmd_parms *cmd, void *dconf, const char *name)
     return NULL;
 }
 
-static const char *set_handler_zone(cmd_parms *cmd, void *dummy,
-                                    const char *handler, const char *name)
+const char *at_set_handler_zone(cmd_parms *cmd, void *dummy,
+                                const char *handler, const char *name)
 {
     srv_conf_t *sc = ap_get_module_config(cmd->server->module_config,
                                           &adaptive_throttle_module);
@@ -198,7 +198,7 @@ static const char *set_handler_zone(cmd_parms *cmd, void *dummy,
     return NULL;
 }
 
-static const char *set_bypass(cmd_parms *cmd, void *dconf, const char *expr)
+const char *at_set_bypass(cmd_parms *cmd, void *dconf, const char *expr)
 {
     dir_conf_t *d = dconf;
     const char *err = NULL;
@@ -212,8 +212,8 @@ static const char *set_bypass(cmd_parms *cmd, void *dconf, const char *expr)
     return NULL;
 }
 
-static const char *set_priority(cmd_parms *cmd, void *dconf, const char *n,
-                                const char *opt)
+const char *at_set_priority(cmd_parms *cmd, void *dconf, const char *n,
+                            const char *opt)
 {
     dir_conf_t *d = dconf;
     const char *err =
@@ -343,43 +343,3 @@ apr_array_header_t *at_defined_zones(apr_pool_t *p)
 {
     return zones_where(p, is_defined);
 }
-
-/* ---- the table ------------------------------------------------------------- */
-
-const command_rec at_throttle_cmds[] = {
-    AP_INIT_TAKE_ARGV("ThrottleZone", set_zone, NULL, RSRC_CONF,
-                      "ThrottleZone NAME" AT_ZONE_USAGE ": a shared cap and queue"),
-    AP_INIT_TAKE1("Throttle", set_throttle, NULL, RSRC_CONF | ACCESS_CONF,
-                  "Throttle NAME|off: requests here use zone NAME, or none"),
-    AP_INIT_TAKE2("ThrottleHandler", set_handler_zone, NULL, RSRC_CONF,
-                  "ThrottleHandler HANDLER NAME: requests whose final handler is "
-                  "HANDLER (a name or a wildcard pattern) use zone NAME"),
-    AP_INIT_TAKE1("ThrottleBypass", set_bypass, NULL, RSRC_CONF | ACCESS_CONF,
-                  "ThrottleBypass EXPR: requests for which EXPR is true are not "
-                  "throttled"),
-    AP_INIT_TAKE12("ThrottlePriority", set_priority, NULL, RSRC_CONF | ACCESS_CONF,
-                   "ThrottlePriority N [timeout=DURATION]: requests here wait in "
-                   "priority order, higher first (-10 to 10, default 0); the timeout "
-                   "replaces the zone's"),
-    AP_INIT_TAKE_ARGV("ThrottleCluster", at_set_cluster, NULL, RSRC_CONF,
-                      "ThrottleCluster NAME redis://HOST[:PORT][/DB]|unix:/PATH "
-                      "[password_file=PATH] [prefix=STR] [period=DURATION] "
-                      "[timeout=DURATION] [db=N]: a Redis through which servers share "
-                      "the limits of their cluster=NAME zones"),
-    AP_INIT_TAKE1("ThrottleAgent", at_set_agent, NULL, RSRC_CONF,
-                  "ThrottleAgent NAME: connections to this virtual host's address "
-                  "get HAProxy's agent-check line for zone NAME instead of HTTP"),
-    AP_INIT_TAKE1("ThrottleDrainFile", at_set_drain_file, NULL, RSRC_CONF,
-                  "ThrottleDrainFile PATH: while PATH exists, the agent says drain "
-                  "and throttle-health answers 503"),
-    AP_INIT_TAKE1("ThrottleKeepIdleWorkers", at_set_keep_idle_workers, NULL, RSRC_CONF,
-                  "ThrottleKeepIdleWorkers N: a request that would wait is refused "
-                  "while fewer than N workers are idle (0: off; default 5% of "
-                  "MaxRequestWorkers, at least 2)"),
-    AP_INIT_TAKE2("ThrottleChildLifetime", at_set_child_lifetime, NULL, RSRC_CONF,
-                  "ThrottleChildLifetime MIN MAX: each child serves a number of "
-                  "connections drawn from [MIN, MAX], then retires"),
-    AP_INIT_TAKE12("ThrottleChildMaxAge", at_set_child_max_age, NULL, RSRC_CONF,
-                   "ThrottleChildMaxAge DURATION [JITTER%]: prefork children retire "
-                   "after about DURATION, even when idle"),
-    {NULL}};

@@ -2,7 +2,7 @@
  * The inside of the adaptive limit's controller, shared by its two files
  * and by nothing else: the tunables, a few small helpers, and what a
  * window shows (at_limit_window.c), which the controller (at_limit.c)
- * acts on.
+ * acts on. The controller calls the window's tests, never the reverse.
  */
 #ifndef AT_LIMIT_IMPL_H
 #define AT_LIMIT_IMPL_H

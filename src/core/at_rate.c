@@ -2,6 +2,7 @@
  * rate=: GCRA buckets, one for the zone or one per key.
  */
 #include "at_rate.h"
+#include "at_rng.h"
 
 #include <string.h>
 
@@ -55,7 +56,7 @@ static apr_uint32_t home_of(const at_rate_table_t *t, const at_client_key_t *k)
 
     memcpy(&h, k->b + 1, sizeof(h));
     h ^= (apr_uint64_t)k->b[0] << 56;
-    h *= APR_UINT64_C(0x9e3779b97f4a7c15);
+    h *= AT_GOLDEN64;
     return (apr_uint32_t)(h >> 32) & (t->n - 1);
 }
 

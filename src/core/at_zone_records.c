@@ -1,9 +1,10 @@
 /*
  * A zone's records: slots and waiting records with their free lists, the
  * queue in priority order, per-client counts, the futex word a waiter
- * sleeps on, and the bodies read before a slot (read_body_total). The
- * lock is held throughout, except to wake and sleep; the bodies' front
- * (at_zone_body_hold, at_zone_body_let_go) takes it itself.
+ * sleeps on, the bodies read before a slot (read_body_total), and who runs
+ * next. The lock is held throughout, except to wake and sleep. The bottom
+ * of the zone: it calls no other zone file (the bodies' front, which takes
+ * the lock, is at_zone.c's).
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -17,6 +18,10 @@
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#endif
+
+#ifdef AT_TEST_HOOKS
+void (*at_test_step_hook)(int where, int step);
 #endif
 
 /* ---- requests per client (lock held): counted while per_client is set -- */
@@ -285,10 +290,6 @@ void zone_slot_put(at_zone_t *z, apr_int32_t i)
     z->active--;
 }
 
-/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
- * record names its slot before the slot names its owner, and the grant
- * comes last: a process that dies anywhere in between leaves a hand-off
- * that zone_repair completes from the waiter's record. */
 /* Lock held, the record out of the queue: moves a waiting record on,
  * unless its waiter left without the lock first (then it is W_GONE, for the
  * tidy, and 0 is returned). */
@@ -337,51 +338,100 @@ void zone_body_recount(at_zone_t *z)
     z->body_held = held;
 }
 
-/* Bytes for a body about to be read before its request has a slot. The
- * lock is waited for AT_BODY_LOCK_US at most: a request that cannot have
- * it in time simply does not read its body first. */
-apr_int32_t at_zone_body_hold(at_zone_t *z, apr_uint64_t bytes)
-{
-    apr_int32_t i = NONE;
-
-    if (!bytes || zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
-        return 0;
-    }
-    if (z->free_body != NONE && bytes <= z->body_cap && z->body_held <= z->body_cap - bytes) {
-        at_body_t *b;
-
-        i = z->free_body;
-        b = &z->body[i];
-        z->free_body = b->next;
-        b->bytes = bytes;
-        b->next = NONE;
-        b->owner = *at_owner_self(); /* last: a record with an owner counts */
-        z->body_held += bytes;
-    }
-    zone_unlock(z);
-    return i + 1;
-}
-
-void at_zone_body_let_go(at_zone_t *z, apr_int32_t handle)
-{
-    apr_int32_t i = handle - 1;
-
-    if (i < 0 || i >= AT_BODY_RECORDS) {
-        return;
-    }
-    if (zone_lock_until(z, at_now_us() + AT_BODY_LOCK_US) != 0) {
-        /* the holder of the lock, or the next one, frees it */
-        __atomic_store_n(&z->body[i].released, 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&z->left, 1, __ATOMIC_RELEASE);
-        return;
-    }
-    zone_body_free(z, i);
-    zone_unlock(z);
-}
-
 apr_uint64_t at_zone_body_held(const at_zone_t *z)
 {
     return __atomic_load_n(&z->body_held, __ATOMIC_RELAXED);
+}
+
+/* ---- who runs next (lock held) ------------------------------------- */
+
+/* Requests running against this zone's limit: its own, and those still
+ * running in the zones it replaced at restarts, until they end. */
+apr_uint32_t zone_running(const at_zone_t *z)
+{
+    apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    int depth = 0;
+
+    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < 8;
+         z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
+        n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
+/* Judged at this moment: a reading that was fresh before a long wait for
+ * the lock is not any more. A zone without mem= reads no clock for it:
+ * this is on every request's path. */
+int zone_mem_allows(at_zone_t *z)
+{
+    return !z->mem.bytes || at_memgate_estimate(&z->mem, at_now_us());
+}
+
+/* The slots a request of this priority may fill: reserve= keeps the last
+ * ones for priorities above 0, and always leaves one for the rest. */
+apr_uint32_t zone_slots_for(const at_zone_t *z, int priority)
+{
+    apr_uint32_t keep = z->reserve;
+
+    if (priority > 0 || !keep) {
+        return z->limit;
+    }
+    if (keep >= z->limit) {
+        keep = z->limit ? z->limit - 1 : 0;
+    }
+    return z->limit - keep;
+}
+
+/* Who runs next: the head of the queue (the oldest of the highest
+ * priority waiting), or with order=lifo while the queue stands the newest
+ * of that priority, the last before the queue's priority drops. */
+static apr_int32_t next_to_run(const at_zone_t *z, apr_int64_t now)
+{
+    const at_waiter_t *w = waiters((at_zone_t *)z);
+    apr_int32_t i = z->qhead;
+
+    if (z->order != AT_ORDER_LIFO || i == NONE
+        || at_codel_standing_for(&z->codel, now, z->typical_service_us) == 0) {
+        return i;
+    }
+    while (w[i].next != NONE && w[w[i].next].priority == w[z->qhead].priority) {
+        i = w[i].next;
+    }
+    return i;
+}
+
+/* Hand free capacity to the oldest waiters, one wake-up each. The waiter's
+ * record names its slot before the slot names its owner, and the grant
+ * comes last: a process that dies anywhere in between leaves a hand-off
+ * that zone_repair completes from the waiter's record. */
+void zone_dispatch(at_zone_t *z)
+{
+    at_waiter_t *w = waiters(z);
+    apr_int64_t now = at_now_us();
+
+    while (z->qhead != NONE && zone_running(z) < zone_slots_for(z, w[z->qhead].priority) &&
+           z->free_slot != NONE && zone_mem_allows(z)) {
+        apr_int32_t i = next_to_run(z, now), slot;
+
+        zone_queue_unlink(z, i);
+        AT_STEP(AT_STEP_DISPATCH, 1);
+        slot = zone_slot_pop_free(z);
+        AT_STEP(AT_STEP_DISPATCH, 2);
+        w[i].slot = slot;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 3);
+        zone_slot_fill(z, slot, &w[i].owner, w[i].ticket, &w[i].client, now);
+        at_memgate_started(&z->mem);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        AT_STEP(AT_STEP_DISPATCH, 4);
+        if (!zone_leave_waiting(&w[i], W_GRANTED)) {
+            AT_STEP(AT_STEP_DISPATCH, 6);
+            zone_slot_put(z, slot); /* its waiter left meanwhile: the slot goes on */
+            continue;
+        }
+        AT_STEP(AT_STEP_DISPATCH, 5);
+        zone_wake_word(&w[i].wake);
+    }
 }
 
 #ifdef AT_CHECK_WAITER_MOVES
