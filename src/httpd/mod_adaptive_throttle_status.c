@@ -36,7 +36,6 @@ static int field_shown(const zone_view_t *z, int f)
     case IF_CODEL: return z->s.codel_target_us > 0;
     case IF_RATE: return z->s.rate.interval_ns > 0;
     case IF_CLUSTER: return z->v[F_CLUSTER] > 0;
-    case IF_CLUSTER: return z->v[F_CLUSTER] > 0;
     default: return 1;
     }
 }
