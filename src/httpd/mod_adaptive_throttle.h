@@ -159,7 +159,6 @@ void at_workers_register_hooks(void);
  * unless ref is a cluster zone; *total: the fleet's). */
 #include "at_cluster.h"
 const char *at_set_cluster(cmd_parms *cmd, void *dummy, int argc, char *const argv[]);
-const char *at_cluster_name_in(apr_pool_t *p, int argc, char *const argv[]);
 void at_cluster_starting_conf(const zone_ref_t *ref, at_zone_t *kept, at_zone_conf_t *conf);
 const at_cluster_state_t *at_cluster_state_of(const zone_ref_t *ref, apr_uint32_t *total);
 void at_cluster_register_hooks(void);

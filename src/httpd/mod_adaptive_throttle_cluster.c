@@ -211,18 +211,6 @@ const char *at_set_cluster(cmd_parms *cmd, void *dummy, int argc, char *const ar
     return NULL;
 }
 
-const char *at_cluster_name_in(apr_pool_t *p, int argc, char *const argv[])
-{
-    int i;
-
-    for (i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "cluster=", 8) == 0) {
-            return apr_pstrdup(p, argv[i] + 8);
-        }
-    }
-    return NULL;
-}
-
 static int cluster_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf;

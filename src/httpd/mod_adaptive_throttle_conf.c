@@ -106,6 +106,20 @@ static const char *check_key(at_zone_conf_t *conf, const ap_expr_info_t *key)
     return NULL;
 }
 
+/* The cluster= a zone names, if any: the zone is then one of its
+ * ThrottleCluster's (the parser has checked the option's form). */
+static const char *cluster_named(apr_pool_t *p, int argc, char *const argv[])
+{
+    int i;
+
+    for (i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "cluster=", 8) == 0) {
+            return apr_pstrdup(p, argv[i] + 8);
+        }
+    }
+    return NULL;
+}
+
 const char *at_set_zone(cmd_parms *cmd, void *dummy, int argc,
                         char *const argv[])
 {
@@ -144,7 +158,7 @@ const char *at_set_zone(cmd_parms *cmd, void *dummy, int argc,
     ref->defined_at = at_cmd_where(cmd);
     ref->conf = conf;
     ref->key = key;
-    ref->cluster = at_cluster_name_in(cmd->pool, argc - 1, argv + 1);
+    ref->cluster = cluster_named(cmd->pool, argc - 1, argv + 1);
     return NULL;
 }
 
