@@ -79,6 +79,7 @@ typedef struct {
     apr_int32_t fallback;       /* running the fallback now */
     apr_int32_t last_result;    /* AT_CLUSTER_NEVER, _OK, _FAILED */
     apr_int64_t lease_until_us; /* local clock; 0: no lease */
+    apr_int64_t fallback_since_us; /* local clock: the fallback began */
     apr_int64_t good_since_us;  /* first of the current run of good syncs; 0: none */
     apr_int64_t last_sync_us, last_ok_us;
     apr_uint64_t syncs, failures;
@@ -145,5 +146,13 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
 /* The limit cluster_fallback= gives. */
 apr_uint32_t at_cluster_fallback_limit(const at_cluster_conf_t *c,
                                        const at_cluster_state_t *st);
+
+/* The lease has run out at now_us with the local limit at limit: the
+ * limit the fallback allows now. Down at once; up only a lease after the
+ * fallback began, when every other server's lease has run out too and it
+ * has lowered to its own fallback, so that servers raising to an even
+ * split do not run beside others still running their larger shares. */
+apr_uint32_t at_cluster_run_fallback(const at_cluster_conf_t *c, at_cluster_state_t *st,
+                                     apr_uint32_t limit, apr_int64_t now_us);
 
 #endif

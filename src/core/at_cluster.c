@@ -198,6 +198,22 @@ apr_uint32_t at_cluster_fallback_limit(const at_cluster_conf_t *c,
     }
 }
 
+apr_uint32_t at_cluster_run_fallback(const at_cluster_conf_t *c, at_cluster_state_t *st,
+                                     apr_uint32_t limit, apr_int64_t now_us)
+{
+    apr_uint32_t fallback = at_cluster_fallback_limit(c, st);
+
+    if (!st->fallback) {
+        st->fallback = 1;
+        st->fallback_since_us = now_us;
+    }
+    st->lease_until_us = 0;
+    if (fallback > limit && now_us - st->fallback_since_us < c->lease_us) {
+        return limit;
+    }
+    return fallback;
+}
+
 apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_t *st, int ok,
                                    const at_cluster_reply_t *r, apr_uint32_t limit,
                                    apr_int64_t sent_us, apr_int64_t now_us)
@@ -211,9 +227,7 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
         st->last_result = AT_CLUSTER_FAILED;
         st->good_since_us = 0;
         if (!lease_valid(st, now_us)) {
-            st->fallback = 1;
-            st->lease_until_us = 0;
-            limit = at_cluster_fallback_limit(c, st);
+            limit = at_cluster_run_fallback(c, st, limit, now_us);
         }
         st->limit = limit;
         return limit;

@@ -549,7 +549,7 @@ static apr_status_t cluster_tick(int state, void *data, apr_pool_t *pool)
 
 /* In the parent, about once a second: a zone whose lease ran out a period
  * ago without its sync noticing (the child running the watchdog hung or
- * died) runs its fallback, so that no share outlives its lease. */
+ * died) lowers to its fallback, so that no share outlives its lease. */
 static int cluster_monitor(apr_pool_t *p, server_rec *s)
 {
     apr_int64_t now = at_now_us();
@@ -565,9 +565,9 @@ static int cluster_monitor(apr_pool_t *p, server_rec *s)
             || now < st->lease_until_us + cz->conf.period_us) {
             continue;
         }
-        fallback = at_cluster_fallback_limit(&cz->conf, st);
-        st->fallback = 1;
-        st->lease_until_us = 0;
+        /* never up from here: the parent looks once; a sync that runs
+         * again raises to the fallback after its lease */
+        fallback = at_cluster_run_fallback(&cz->conf, st, st->limit, now);
         st->good_since_us = 0;
         st->limit = fallback;
         set_local_limit(cz, fallback);

@@ -411,6 +411,40 @@ static void test_dead_share_reused_within_lease_and_two_periods(void **state)
     assert_int_equal(s.violations, 0);
 }
 
+/* The store gone for everyone, no server joining: the even fallback keeps
+ * the cap at every step, also while the busy server's share drains and
+ * the idle ones would raise to an even split. */
+static void test_even_fallback_keeps_the_cap(void **state)
+{
+    sim_t s;
+    apr_int64_t end;
+    apr_uint64_t worst = 0;
+    apr_uint32_t i;
+    (void)state;
+
+    sim_init(&s, 3, 12, 5, at_cluster_grant);
+    s.srv[0].offered = 40;
+    sim_run(&s, 3000 * MS);
+    assert_int_equal(s.srv[0].limit, 10);
+    s.srv[1].offered = 40; /* every server busy when the store goes */
+    s.srv[2].offered = 40;
+    s.store_up = 0;
+    for (end = s.now_us + 6000 * MS; s.now_us < end;) {
+        apr_uint64_t sum = 0;
+
+        sim_step(&s);
+        for (i = 0; i < 3; i++) {
+            sum += s.srv[i].limit > s.srv[i].running ? s.srv[i].limit : s.srv[i].running;
+        }
+        worst = sum > worst ? sum : worst;
+    }
+    for (i = 0; i < 3; i++) {
+        assert_true(s.srv[i].st.fallback);
+        assert_int_equal(s.srv[i].limit, 4); /* even: 12 / 3, in the end */
+    }
+    assert_true(worst <= 12);
+}
+
 static void test_store_down_falls_back_then_shares_again(void **state)
 {
     sim_t s;
@@ -422,7 +456,7 @@ static void test_store_down_falls_back_then_shares_again(void **state)
     sim_run(&s, 3000 * MS);
     assert_int_equal(s.srv[0].limit, 10);
     s.store_up = 0;
-    sim_run(&s, 3000 * MS);
+    sim_run(&s, 5000 * MS); /* a lease to fall back, a lease before raising */
     for (i = 0; i < 3; i++) {
         assert_true(s.srv[i].st.fallback);
         assert_int_equal(s.srv[i].limit, 4); /* even: 12 / 3 */
@@ -570,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_fair_share_is_max_min),
         cmocka_unit_test(test_grant_raises_only_into_free_capacity),
         cmocka_unit_test(test_fallback_parse_and_limit),
+        cmocka_unit_test(test_even_fallback_keeps_the_cap),
         cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
