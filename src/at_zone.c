@@ -50,7 +50,7 @@ static int mem_allows(at_zone_t *z)
 void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m)
 {
     m->warn = 0;
-    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r);
+    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r, zone_sleep_on_word);
 }
 
 void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
@@ -61,8 +61,11 @@ void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
     }
 }
 
-void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
+void zone_mem_after_unlock(at_zone_t *z, mem_read_t *m)
 {
+    if (at_memgate_landed(&z->mem, &m->r)) {
+        zone_wake_all(&z->mem.landed); /* those waiting for this reading */
+    }
     if (m->warn) {
         m->warn = 0;
         at_log(LOG_WARNING, "zone %s: cannot read the available memory (/proc/meminfo, "
@@ -73,7 +76,7 @@ void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
 void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m)
 {
     zone_unlock(z);
-    zone_mem_warn_after_unlock(z, m);
+    zone_mem_after_unlock(z, m);
 }
 
 /* ---- what runs (lock held) ------------------------------------------- */
@@ -506,6 +509,7 @@ static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
     fill_request_defaults(&rq, z); /* reads the zone's timeout without the lock */
     zone_mem_read_before_lock(z, &m);
     if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
+        zone_mem_after_unlock(z, &m);
         return zone_lock_refusal(z, rc);
     }
     zone_mem_apply_locked(z, &m);
@@ -637,6 +641,7 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
     }
     zone_mem_read_before_lock(z, &m);
     if (release_lock(z, t) != 0) {
+        zone_mem_after_unlock(z, &m);
         return -1;
     }
     zone_mem_apply_locked(z, &m);
