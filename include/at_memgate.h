@@ -22,6 +22,10 @@ typedef struct {
     apr_uint32_t pad;
     apr_uint64_t held;        /* requests held back by memory alone */
     apr_uint64_t read_errors; /* readings that failed */
+    apr_int64_t claim_us;     /* when the reading in flight began; 0: none */
+    apr_int64_t land_us;      /* how long the last reading took to land */
+    apr_uint32_t landed;      /* futex word: moves when a reading in flight lands */
+    apr_uint32_t pad2;
 } at_memgate_t;
 
 /* How many running requests started less than settle_us before now: the
@@ -34,17 +38,33 @@ typedef apr_uint32_t (*at_memgate_young_fn)(void *ctx, apr_int64_t now,
  * AT_MEM_SETTLE_US (negative: the default). Process-wide. */
 void at_memgate_set_reading(const char *root, apr_int64_t settle_us);
 
+/* Tests: how long a caller waits for another's reading in flight, fixed
+ * (negative: the default, from how long readings take to land). */
+void at_memgate_set_wait(apr_int64_t wait_us);
+
 /* A reading of available memory, taken outside the zone's lock. */
 typedef struct {
     int ok;
     apr_uint32_t source; /* an at_mem_source_t */
     apr_uint64_t avail;
     apr_int64_t at_us; /* when it began */
+    int claimed;       /* the zone's reading in flight was this one */
 } at_mem_reading_t;
 
+/* Sleeps on word while it holds seen, us at most (a futex wait). */
+typedef void (*at_memgate_sleep_fn)(apr_uint32_t *word, apr_uint32_t seen, apr_int64_t us);
+
 /* Without the lock: 1 if a reading was due and this caller took it into r;
- * then at_memgate_apply it under the lock. */
-int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r);
+ * then at_memgate_apply it under the lock, and at_memgate_landed after.
+ * 0 if none was due, or another's reading, begun since the last went
+ * stale, landed while this caller waited for it (the ledger has it). */
+int at_memgate_take_reading(at_memgate_t *g, apr_int64_t now, at_mem_reading_t *r,
+                            at_memgate_sleep_fn sleep);
+
+/* After the lock, or without it if it could not be had: r is no longer in
+ * flight. 1 if callers may be waiting for it: wake every sleeper on
+ * g->landed. */
+int at_memgate_landed(at_memgate_t *g, at_mem_reading_t *r);
 
 /* Under the lock: the reading into the ledger. 1 if it is the first that
  * failed: the caller logs that mem= is not enforced, after the lock. */

@@ -36,6 +36,11 @@
 /* A reading older than this (its request waited long for the lock, or was
  * stopped) is not decided on: the request waits for a new one. */
 #define AT_MEM_TRUST_US 500000
+/* One process reads the memory files at a time; the others wait for its
+ * reading four times as long as the last one took to land, within these
+ * bounds, before one of them reads instead (the reader died or stalled). */
+#define AT_MEM_WAIT_MIN_US 2000
+#define AT_MEM_WAIT_MAX_US 10000
 /* A request's memory is taken to show in the readings at the latest this
  * long after it started; one that ends sooner than AT_MEM_QUICK_US is
  * taken to have taken none. */

@@ -112,7 +112,9 @@ static const at_field_t memgate_fields[] = {
     AT_FIELD(at_memgate_t, read_us), AT_FIELD(at_memgate_t, pending),
     AT_FIELD(at_memgate_t, freed),   AT_FIELD(at_memgate_t, early_free),
     AT_FIELD(at_memgate_t, source),  AT_FIELD(at_memgate_t, pad),
-    AT_FIELD(at_memgate_t, held),    AT_FIELD(at_memgate_t, read_errors)};
+    AT_FIELD(at_memgate_t, held),    AT_FIELD(at_memgate_t, read_errors),
+    AT_FIELD(at_memgate_t, claim_us), AT_FIELD(at_memgate_t, land_us),
+    AT_FIELD(at_memgate_t, landed),  AT_FIELD(at_memgate_t, pad2)};
 
 static const at_field_t codel_fields[] = {
     AT_FIELD(at_codel_t, target_us), AT_FIELD(at_codel_t, interval_us),

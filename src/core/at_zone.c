@@ -369,6 +369,7 @@ static at_result_t decide(at_zone_t *z, at_ticket_t *t, const at_request_t *req,
     fill_request_defaults(&rq, z); /* reads the zone's timeout without the lock */
     zone_mem_read_before_lock(z, &m);
     if ((rc = zone_lock_until(z, start + rq.timeout_us)) != 0) {
+        zone_mem_after_unlock(z, &m);
         return zone_lock_refusal(z, rc);
     }
     zone_mem_apply_locked(z, &m);
@@ -499,6 +500,7 @@ apr_int64_t at_zone_release(at_zone_t *z, at_ticket_t *t)
     }
     zone_mem_read_before_lock(z, &m);
     if (release_lock(z, t) != 0) {
+        zone_mem_after_unlock(z, &m);
         return -1;
     }
     zone_mem_apply_locked(z, &m);

@@ -278,9 +278,11 @@ static inline void note_change(at_zone_t *z)
     }
 }
 
-/* mem=: a reading is taken before the lock (if one is due), applied right
- * after taking it, and a failure logged after letting it go: no file read
- * and no log line while every process of the zone may be waiting. */
+/* mem=: a reading is taken before the lock (if one is due; one process
+ * at a time, the others wait for it), applied right after taking the lock,
+ * and those waiting for it woken and a failure logged after letting it go
+ * (or when it could not be had): no file read and no log line while every
+ * process of the zone may be waiting. */
 typedef struct {
     int taken, warn;
     at_mem_reading_t r;
@@ -306,6 +308,8 @@ void zone_wake_word(apr_uint32_t *word);
 /* After the lock is let go: the wake-ups zone_wake_word held back. */
 void zone_send_wakes(void);
 void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen, apr_int64_t us);
+/* Without the lock: every process sleeping on word. */
+void zone_wake_all(apr_uint32_t *word);
 void zone_rebuild_free_slots(at_zone_t *z);
 void zone_queue_push(at_zone_t *z, apr_int32_t i);
 void zone_queue_unlink(at_zone_t *z, apr_int32_t i);
@@ -343,7 +347,7 @@ void zone_unlock(at_zone_t *z);
 at_result_t zone_lock_refusal(at_zone_t *z, int rc);
 void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m);
 void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m);
-void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m);
+void zone_mem_after_unlock(at_zone_t *z, mem_read_t *m);
 void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m);
 #ifdef AT_TEST_HOOKS
 int zone_test_holding_lock(void);

@@ -366,7 +366,7 @@ static apr_uint32_t young_requests(void *ctx, apr_int64_t now, apr_int64_t settl
 void zone_mem_read_before_lock(at_zone_t *z, mem_read_t *m)
 {
     m->warn = 0;
-    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r);
+    m->taken = at_memgate_take_reading(&z->mem, at_now_us(), &m->r, zone_sleep_on_word);
 }
 
 void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
@@ -377,8 +377,11 @@ void zone_mem_apply_locked(at_zone_t *z, mem_read_t *m)
     }
 }
 
-void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
+void zone_mem_after_unlock(at_zone_t *z, mem_read_t *m)
 {
+    if (at_memgate_landed(&z->mem, &m->r)) {
+        zone_wake_all(&z->mem.landed); /* those waiting for this reading */
+    }
     if (m->warn) {
         m->warn = 0;
         at_log(LOG_WARNING, "zone %s: cannot read the available memory (/proc/meminfo, "
@@ -389,7 +392,7 @@ void zone_mem_warn_after_unlock(const at_zone_t *z, mem_read_t *m)
 void zone_unlock_after_mem(at_zone_t *z, mem_read_t *m)
 {
     zone_unlock(z);
-    zone_mem_warn_after_unlock(z, m);
+    zone_mem_after_unlock(z, m);
 }
 
 #ifdef AT_TEST_HOOKS

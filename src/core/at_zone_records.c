@@ -9,6 +9,7 @@
 #include "at_zone_impl.h"
 #include "at_tuning.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <syslog.h>
@@ -60,12 +61,13 @@ void zone_recount_clients(at_zone_t *z)
 
 /* ---- waking one waiter ---------------------------------------------- */
 
-static void futex_wake(apr_uint32_t *word)
+static void futex_wake(apr_uint32_t *word, int n)
 {
 #ifdef __linux__
-    syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
 #else
     (void)word;
+    (void)n;
 #endif
 }
 
@@ -86,15 +88,20 @@ void zone_wake_word(apr_uint32_t *word)
         deferred_wakes[ndeferred_wakes++] = word;
         return;
     }
-    futex_wake(word);
+    futex_wake(word, 1);
 }
 
 void zone_send_wakes(void)
 {
     for (int i = 0; i < ndeferred_wakes; i++) {
-        futex_wake(deferred_wakes[i]);
+        futex_wake(deferred_wakes[i], 1);
     }
     ndeferred_wakes = 0;
+}
+
+void zone_wake_all(apr_uint32_t *word)
+{
+    futex_wake(word, INT_MAX);
 }
 
 void zone_sleep_on_word(apr_uint32_t *word, apr_uint32_t seen,

@@ -370,6 +370,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     client_copy_alloc(z, &cc);
     zone_mem_read_before_lock(z, &m); /* a reading no older than a request would use */
     if (zone_lock_until(z, now + AT_GLANCE_LOCK_US) != 0) {
+        zone_mem_after_unlock(z, &m);
         free(cc.t);
         stats_without_lock(z, o);
         return;
@@ -378,7 +379,7 @@ void at_zone_stats(at_zone_t *z, at_zone_stats_t *o)
     stats_locked(z, now, o);
     client_copy_take(z, &cc, o);
     zone_unlock(z);
-    zone_mem_warn_after_unlock(z, &m);
+    zone_mem_after_unlock(z, &m);
 
     client_copy_walk(&cc, o);
     oldest_running(z, now, o);

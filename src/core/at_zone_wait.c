@@ -246,6 +246,7 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
 
         zone_mem_read_before_lock(z, &m);
         if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+            zone_mem_after_unlock(z, &m);
             return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_REJECTED_LOCKED)
                                    : AT_ERROR;
         }

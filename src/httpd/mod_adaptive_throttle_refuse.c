@@ -14,8 +14,10 @@
  * Off, MaxKeepAliveRequests, a server stopping, a body not read, HTTP/1.0)
  * is judged before the filter is added, and it then does nothing. httpd
  * marks the connection for closing once more when it finishes a request
- * whose status drops connections (after a local ErrorDocument, for one):
- * the first log_transaction hook takes that back too.
+ * whose status drops connections (after a local ErrorDocument, for one): a
+ * connection filter takes that back when the request's end passes. It is
+ * added by the connection's first kept refusal only, so a request that is
+ * not refused pays nothing for it.
  */
 #include "httpd.h"
 #include "http_config.h"
@@ -23,6 +25,7 @@
 #include "http_core.h"
 #include "http_log.h"
 #include "http_protocol.h"
+#include "http_request.h"
 #include "ap_mpm.h"
 #include "util_filter.h"
 
@@ -34,10 +37,10 @@
 APLOG_USE_MODULE(adaptive_throttle);
 
 #define KEEPALIVE_FILTER "THROTTLE_KEEPALIVE"
+#define KEPT_FILTER "THROTTLE_KEPT"
 #define CLOSE_LINE "\r\nConnection: close\r\n"
-#define KEPT_NOTE "adaptive-throttle-kept-alive"
 
-static ap_filter_rec_t *keepalive_filter_handle;
+static ap_filter_rec_t *keepalive_filter_handle, *kept_filter_handle;
 
 /* httpd's own conditions for keep-alive (ap_set_keepalive), less the
  * status: what would keep this connection open after a 200. */
@@ -102,6 +105,46 @@ static int drop_close(request_rec *r, apr_bucket_brigade *bb)
     return 1;
 }
 
+/* On a connection, above the network and TLS: when the end of a request
+ * whose refusal was kept (armed) passes, before the request is logged (%X)
+ * and the MPM reads the connection's state, the close httpd marked again
+ * as it finished the request is taken back. It stays on the connection,
+ * disarmed, for the next refusal: a connection's pool does not grow with
+ * each one. */
+static apr_status_t kept_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    int *armed = f->ctx;
+    apr_bucket *b;
+
+    for (b = bb ? APR_BRIGADE_FIRST(bb) : NULL; b && *armed && b != APR_BRIGADE_SENTINEL(bb);
+         b = APR_BUCKET_NEXT(b)) {
+        if (AP_BUCKET_IS_EOR(b)) {
+            *armed = 0;
+            if (!f->c->aborted && f->c->keepalive == AP_CONN_CLOSE) {
+                f->c->keepalive = AP_CONN_KEEPALIVE;
+            }
+        }
+    }
+    return ap_pass_brigade(f->next, bb);
+}
+
+/* The connection's kept filter, added by its first kept refusal; its flag,
+ * armed. */
+static int *arm_kept_filter(request_rec *r)
+{
+    conn_rec *c = r->connection;
+    ap_filter_t *k;
+
+    for (k = c->output_filters; k && k->frec != kept_filter_handle; k = k->next) {
+    }
+    if (!k) {
+        k = ap_add_output_filter_handle(kept_filter_handle, apr_pcalloc(c->pool, sizeof(int)),
+                                        r, c);
+    }
+    *(int *)k->ctx = 1;
+    return k->ctx;
+}
+
 /* First the header block (HTTP_HEADER passes it alone, first); then it
  * stays to the end of the answer: an error on the way (a proxied error
  * page that broke off) leaves the connection to close, as httpd wants. */
@@ -112,7 +155,6 @@ static apr_status_t keepalive_filter(ap_filter_t *f, apr_bucket_brigade *bb)
     apr_bucket *b;
 
     if (!f->ctx) {
-        f->ctx = f; /* the header block is seen */
         if (c->keepalive != AP_CONN_CLOSE || !ap_status_drops_connection(r->status)
             || !drop_close(r, bb)) {
             ap_remove_output_filter(f);
@@ -120,11 +162,11 @@ static apr_status_t keepalive_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         }
         c->keepalive = AP_CONN_KEEPALIVE;
         c->keepalives++;
-        apr_table_setn(c->notes, KEPT_NOTE, "1");
+        f->ctx = arm_kept_filter(r); /* and the header block is seen */
     }
     for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = APR_BUCKET_NEXT(b)) {
         if (AP_BUCKET_IS_ERROR(b)) {
-            apr_table_unset(c->notes, KEPT_NOTE);
+            *(int *)f->ctx = 0;
             c->keepalive = AP_CONN_CLOSE;
         }
         if (APR_BUCKET_IS_EOS(b)) {
@@ -132,21 +174,6 @@ static apr_status_t keepalive_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         }
     }
     return ap_pass_brigade(f->next, bb);
-}
-
-/* Before the request is logged (%X) and the MPM reads the connection's
- * state. */
-static int keep_after_finish(request_rec *r)
-{
-    conn_rec *c = r->connection;
-
-    if (apr_table_get(c->notes, KEPT_NOTE)) {
-        apr_table_unset(c->notes, KEPT_NOTE);
-        if (!c->aborted && c->keepalive == AP_CONN_CLOSE) {
-            c->keepalive = AP_CONN_KEEPALIVE;
-        }
-    }
-    return DECLINED;
 }
 
 void at_keep_connection_after_refusal(request_rec *r)
@@ -161,5 +188,6 @@ void at_refuse_register(void)
     /* Just below HTTP_HEADER (AP_FTYPE_PROTOCOL), which it follows. */
     keepalive_filter_handle = ap_register_output_filter(KEEPALIVE_FILTER, keepalive_filter,
                                                         NULL, AP_FTYPE_PROTOCOL + 1);
-    ap_hook_log_transaction(keep_after_finish, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    kept_filter_handle = ap_register_output_filter(KEPT_FILTER, kept_filter, NULL,
+                                                   AP_FTYPE_CONNECTION);
 }

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -77,6 +78,7 @@ static int fresh_root(void **state)
     (void)state;
     snprintf(root, sizeof(root), "/tmp/at-mem-test.XXXXXX");
     assert_non_null(mkdtemp(root));
+    at_memgate_set_wait(-1);
     return 0;
 }
 
@@ -519,11 +521,11 @@ static void test_slow_reading_outside_the_lock(void **state)
     zone_free(z);
 }
 
-/* Readings taken side by side: a request that finds the ledger's reading
- * stale while another's is still in flight reads for itself and is decided
- * on that, not on the stale one; the reading begun first lands last and is
- * dropped. Here the first reading is held in a FIFO while the memory runs
- * out. */
+/* A reader stalled in its reading: a request that finds the ledger's
+ * reading stale waits for the reading in flight, for the bound at most,
+ * then reads for itself and is decided on that, never on the stale one;
+ * the reading begun first lands last and is dropped. Here the first
+ * reading is held in a FIFO past the bound while the memory runs out. */
 static void test_reading_in_flight_is_not_trusted(void **state)
 {
     fifo_writer_t writer = {-1, 0};
@@ -592,6 +594,239 @@ static void test_reading_outlived_by_lock_wait(void **state)
     zone_free(z);
 }
 
+/* /proc/meminfo as a FIFO that a thread serves, counting the readings of
+ * it (one each time a reader opens it) and the most inside at once. Every
+ * reading takes 20 ms, as cgroup reads do under pressure, or is held
+ * inside while hold is set. */
+typedef struct {
+    char path[300];
+    char content[128];
+    int hold, stop, served, most_inside;
+    pthread_t th;
+} fifo_server_t;
+
+/* Readings of the FIFO under way in this process: descriptors (its
+ * threads share them) open on it for reading. */
+static int readers_inside(const fifo_server_t *f)
+{
+    struct stat fifo, st;
+    char path[300], info[128];
+    struct dirent *e;
+    DIR *fds;
+    int n = 0;
+
+    if (stat(f->path, &fifo) != 0 || !(fds = opendir("/proc/self/fd"))) {
+        return 0;
+    }
+    while ((e = readdir(fds))) {
+        unsigned flags = 0;
+        FILE *in;
+
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        if (stat(path, &st) != 0 || st.st_ino != fifo.st_ino || st.st_dev != fifo.st_dev) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "/proc/self/fdinfo/%s", e->d_name);
+        if (!(in = fopen(path, "r"))) {
+            continue;
+        }
+        while (fgets(info, sizeof(info), in)) {
+            sscanf(info, "flags: %o", &flags);
+        }
+        fclose(in);
+        n += (flags & O_ACCMODE) == O_RDONLY;
+    }
+    closedir(fds);
+    return n;
+}
+
+static int stopped(fifo_server_t *f)
+{
+    return __atomic_load_n(&f->stop, __ATOMIC_SEQ_CST);
+}
+
+static void *serve_fifo(void *arg)
+{
+    fifo_server_t *f = arg;
+    size_t len = strlen(f->content);
+
+    while (!stopped(f)) {
+        int fd = open(f->path, O_WRONLY | O_NONBLOCK); /* fails until a reader comes */
+
+        if (fd < 0) {
+            usleep(500);
+            continue;
+        }
+        __atomic_add_fetch(&f->served, 1, __ATOMIC_SEQ_CST);
+        for (int ms = 0; (ms < 20 || __atomic_load_n(&f->hold, __ATOMIC_SEQ_CST)) && !stopped(f);
+             ms++) {
+            int n = readers_inside(f);
+
+            if (n > __atomic_load_n(&f->most_inside, __ATOMIC_SEQ_CST)) {
+                __atomic_store_n(&f->most_inside, n, __ATOMIC_SEQ_CST);
+            }
+            usleep(1000);
+        }
+        if (write(fd, f->content, len) != (ssize_t)len) {
+            abort();
+        }
+        close(fd);
+        /* the next open is another reading, not this one's reader again */
+        while (readers_inside(f) > 0 && !stopped(f)) {
+            usleep(200);
+        }
+    }
+    return NULL;
+}
+
+static void fifo_serve(fifo_server_t *f, apr_uint64_t avail, int hold)
+{
+    memset(f, 0, sizeof(*f));
+    snprintf(f->path, sizeof(f->path), "%s/proc/meminfo", root);
+    snprintf(f->content, sizeof(f->content), "MemTotal: 24000000 kB\nMemAvailable: %llu kB\n",
+             (unsigned long long)(avail / 1024));
+    f->hold = hold;
+    put("/proc/meminfo", "MemTotal: 1 kB\n"); /* makes the directory */
+    assert_int_equal(unlink(f->path), 0);
+    assert_int_equal(mkfifo(f->path, 0600), 0);
+    pthread_create(&f->th, NULL, serve_fifo, f);
+}
+
+/* Readings from now on read a file that says the same. */
+static void fifo_stop(fifo_server_t *f)
+{
+    __atomic_store_n(&f->stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(f->th, NULL);
+    put("/proc/meminfo", "%s", f->content);
+}
+
+/* A zone whose one reading, 50 MiB where a request takes 100, has gone
+ * stale. */
+static at_zone_t *zone_with_stale_reading(apr_uint32_t limit)
+{
+    at_zone_t *z;
+
+    meminfo(50 * MiB);
+    z = zone_mem(limit, 0, 100 * MiB, FOREVER);
+    assert_true(stats_of(z).mem_avail == 50 * MiB); /* a status read takes a reading too */
+    usleep(AT_MEM_READ_US + 20 * MS);
+    return z;
+}
+
+static void join_all(waiter_t *w, pthread_t *th, int n)
+{
+    for (int i = 0; i < n; i++) {
+        assert_true(let_in(&w[i]));
+        pthread_join(th[i], NULL);
+    }
+}
+
+static void release_admitted(waiter_t *w, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (w[i].result == AT_ADMITTED) {
+            at_zone_release(w[i].z, &w[i].t);
+        }
+    }
+}
+
+/* Many requests find the reading stale at once (under memory pressure,
+ * when cgroup reads are slowest): one reads the files; the others wait for
+ * its reading and are decided on it, never on the stale one. Here the one
+ * reading is held in a FIFO while the others come, and shows memory given
+ * back meanwhile: 10 GiB, where the stale reading said 50 MiB. */
+static void test_one_reading_for_many(void **state)
+{
+    enum { N = 6 };
+    fifo_server_t f;
+    waiter_t w[N];
+    pthread_t th[N];
+    apr_int64_t landed_us;
+    at_zone_t *z;
+    (void)state;
+
+    at_memgate_set_wait(5000 * MS); /* however slow the machine, the held reading is waited for */
+    z = zone_with_stale_reading(N);
+    fifo_serve(&f, 10240 * MiB, 1);
+    memset(w, 0, sizeof(w));
+    for (int i = 0; i < N; i++) {
+        w[i].z = z;
+        pthread_create(&th[i], NULL, request, &w[i]);
+        for (int tries = 0; i == 0 && tries < 5000 && readers_inside(&f) < 1; tries++) {
+            usleep(1000); /* the first is inside its reading before the others come */
+        }
+    }
+    usleep(100 * MS);
+    landed_us = at_now_us();
+    __atomic_store_n(&f.hold, 0, __ATOMIC_SEQ_CST);
+    join_all(w, th, N);
+    fifo_stop(&f);
+    release_admitted(w, N);
+    assert_int_equal(f.most_inside, 1); /* one reading of the files at a time */
+    assert_int_equal(f.served, 1);      /* and one in all */
+    for (int i = 0; i < N; i++) {
+        /* decided on the new reading, once it had landed */
+        assert_int_equal(w[i].result, AT_ADMITTED);
+        assert_true(w[i].done_us >= landed_us);
+    }
+    zone_free(z);
+}
+
+/* A reader that dies inside its reading keeps the others waiting for the
+ * bound at most: then one of them reads (once, for all), and they are
+ * decided on that reading (10 GiB), not on the stale one (50 MiB). */
+static void test_dead_reader_is_replaced(void **state)
+{
+    enum { N = 4 };
+    char fifo[300];
+    fifo_server_t f;
+    waiter_t w[N];
+    pthread_t th[N];
+    at_ticket_t t;
+    at_zone_t *z;
+    pid_t reader;
+    int fd = -1;
+    (void)state;
+
+    at_memgate_set_wait(1000 * MS); /* past any reading's 20 ms on a loaded machine */
+    z = zone_with_stale_reading(N);
+    put("/proc/meminfo", "MemTotal: 1 kB\n");
+    snprintf(fifo, sizeof(fifo), "%s/proc/meminfo", root);
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    if ((reader = fork()) == 0) {
+        at_zone_acquire(z, &t, NULL, NULL); /* stuck in the FIFO until killed */
+        _exit(0);
+    }
+    for (int tries = 0; tries < 5000 && fd < 0; tries++) {
+        if ((fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0) {
+            usleep(1000);
+        }
+    }
+    assert_true(fd >= 0); /* the reader is inside its reading */
+
+    fifo_serve(&f, 10240 * MiB, 0); /* what the next reader finds */
+    memset(w, 0, sizeof(w));
+    for (int i = 0; i < N; i++) {
+        w[i].z = z;
+        pthread_create(&th[i], NULL, request, &w[i]);
+    }
+    kill(reader, SIGKILL);
+    waitpid(reader, NULL, 0);
+    close(fd);
+    join_all(w, th, N);
+    fifo_stop(&f);
+    release_admitted(w, N);
+    assert_int_equal(f.most_inside, 1);
+    assert_int_equal(f.served, 1);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(w[i].result, AT_ADMITTED);
+        /* the bound is 1 s: a hang guard, not a measure of it */
+        assert_true(w[i].t.wait_us < 10000 * MS);
+    }
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -618,6 +853,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_slow_reading_outside_the_lock, fresh_root,
                                         remove_root),
         cmocka_unit_test_setup_teardown(test_reading_outlived_by_lock_wait, fresh_root,
+                                        remove_root),
+        cmocka_unit_test_setup_teardown(test_one_reading_for_many, fresh_root, remove_root),
+        cmocka_unit_test_setup_teardown(test_dead_reader_is_replaced, fresh_root,
                                         remove_root),
     };
 
