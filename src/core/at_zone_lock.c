@@ -56,23 +56,6 @@ static apr_int32_t sort_waiting(at_waiter_t *w, apr_int32_t head, apr_uint32_t n
     return out;
 }
 
-/* A hand-off that a dying process started: the waiter's record names the
- * slot, so the slot is written from it (whatever part of it was written
- * already) and the waiter is granted. The slot was free when the hand-off
- * took it, so this never puts the zone over its cap. */
-static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
-{
-    at_waiter_t *w = &waiters(z)[wi];
-
-    if (w->slot < 0 || (apr_uint32_t)w->slot >= z->nslots) {
-        w->slot = NONE; /* not a slot: the waiter queues again */
-        return;
-    }
-    zone_slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
-    zone_waiter_move(w, W_GRANTED);
-    zone_wake_word(&w->wake);
-}
-
 /* A hand-off to a waiter that left without the lock (W_LEFT), or was seen
  * to have left (W_GONE): the waiter was told it was refused, so a slot
  * already filled in its name goes back (the free list is rebuilt after). */
@@ -91,6 +74,29 @@ static void undo_handoff(at_zone_t *z, apr_int32_t wi)
         s->released = 0;
     }
     w->slot = NONE;
+}
+
+/* A hand-off that a dying process started: the waiter's record names the
+ * slot, so the slot is written from it (whatever part of it was written
+ * already) and the waiter is granted. The slot was free when the hand-off
+ * took it, so this never puts the zone over its cap. */
+static void complete_handoff(at_zone_t *z, apr_int32_t wi, apr_int64_t now)
+{
+    at_waiter_t *w = &waiters(z)[wi];
+    apr_int32_t st = W_WAITING;
+
+    if (w->slot < 0 || (apr_uint32_t)w->slot >= z->nslots) {
+        w->slot = NONE; /* not a slot: the waiter queues again */
+        return;
+    }
+    zone_slot_fill(z, w->slot, &w->owner, w->ticket, &w->client, now);
+    /* its deadline may pass while the repair runs: it then leaves without
+     * the lock (W_LEFT) and was told it was refused */
+    if (!zone_waiter_cas(w, &st, W_GRANTED)) {
+        undo_handoff(z, wi);
+        return;
+    }
+    zone_wake_word(&w->wake);
 }
 
 /* A process died holding the lock: rebuild everything derived from the

@@ -238,9 +238,10 @@ int at_body_room(request_rec *r, at_zone_t *z, apr_uint64_t read_body, body_room
     }
     if (!(handle = at_zone_body_hold(z, want))) {
         /* nothing lost: the handler reads the body, as with read_body=0 */
-        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "read_body: %" APR_UINT64_T_FMT
-                      " bytes would pass read_body_total (%" APR_UINT64_T_FMT " held): "
-                      "the body is left to the handler", want, at_zone_body_held(z));
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "read_body: no room for %" APR_UINT64_T_FMT
+                      " bytes (%" APR_UINT64_T_FMT " held of read_body_total, or every "
+                      "body record in use, or the zone's lock busy): the body is left "
+                      "to the handler", want, at_zone_body_held(z));
         return 0;
     }
     *room = apr_palloc(r->pool, sizeof(**room));

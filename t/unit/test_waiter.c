@@ -364,7 +364,7 @@ static void story_drop(at_zone_t *z, story_t *s)
     set_flag(&ctl->go);
     wait_stopped(h); /* at dispatch step 1, the lock held */
     set_flag(&ctl->abort_w);
-    usleep(2 * AT_CLIENT_CHECK_US); /* its process sees it; it waits for the lock */
+    usleep(4 * AT_CLIENT_CHECK_US); /* its process sees it; it waits for the lock */
     kill(h, SIGCONT);
     assert_int_equal(waitpid(h, &st, WUNTRACED), h);
     if (WIFSTOPPED(st)) { /* at step 5: granted */

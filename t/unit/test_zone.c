@@ -1651,23 +1651,25 @@ static void test_bodies_let_go_without_the_lock(void **state)
 {
     at_zone_t *z = zone_bodies(100, 1000);
     apr_int32_t a = at_zone_body_hold(z, 100), n = 0;
-    int fds[2];
+    int fds[2], back[2];
     pid_t pid;
     char ch;
     (void)state;
 
     assert_true(a > 0);
     assert_int_equal(pipe(fds), 0);
+    assert_int_equal(pipe(back), 0);
     if ((pid = fork()) == 0) {
         at_zone_debug_take_lock(z);
         assert_int_equal(write(fds[1], "x", 1), 1);
-        usleep(300 * MS);
+        assert_int_equal(read(back[0], &ch, 1), 1); /* held until told, however slow */
         at_zone_debug_release_lock(z);
         _exit(0);
     }
     assert_int_equal(read(fds[0], &ch, 1), 1);
     at_zone_body_let_go(z, a); /* cannot have the lock in time */
     assert_int_equal(at_zone_body_held(z), 100);
+    assert_int_equal(write(back[1], "x", 1), 1);
     waitpid(pid, NULL, 0);
     assert_int_equal(stats_of(z).body_held, 0); /* taking the lock tidied it */
 
@@ -1686,6 +1688,8 @@ static void test_bodies_let_go_without_the_lock(void **state)
     assert_int_equal(stats_of(z).counters.lock_repairs, 1);
     close(fds[0]);
     close(fds[1]);
+    close(back[0]);
+    close(back[1]);
     zone_free(z);
 }
 
