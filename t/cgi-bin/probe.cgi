@@ -83,10 +83,11 @@ if ($release) {
 elsif ($ms) {
     sleep($ms / 1000);
 }
-take_memory(-$mem) if $mem;
 # The count ends before the last line: a client that has the whole answer
-# finds this copy no longer counted.
+# finds this copy no longer counted. It ends before the memory is given
+# back, so that a request admitted on that memory is never counted beside it.
 with_count(-1, 0);
+take_memory(-$mem) if $mem;
 
 print "Content-Type: text/plain\n\n" unless $first;
 printf "zone=%s result=%s wait_us=%s id=%s httpd_pid=%d priority=%s key=%s\n",
