@@ -265,6 +265,7 @@ void at_zone_key_from_text(const at_zone_t *z, const char *text, apr_size_t n,
  * together they may be a moment apart. */
 typedef struct {
     apr_uint32_t limit, active, queued, queue_cap;
+    apr_uint32_t running; /* active, and what still runs in the zones it replaced */
     int broken; /* the zone's lock failed for good: it lets everything through */
 } at_zone_glance_t;
 void at_zone_glance(at_zone_t *z, at_zone_glance_t *out);

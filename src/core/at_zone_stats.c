@@ -178,6 +178,7 @@ void at_zone_glance(at_zone_t *z, at_zone_glance_t *g)
 {
     g->limit = apr_atomic_read32(&z->limit);
     g->active = apr_atomic_read32(&z->active);
+    g->running = zone_running(z);
     g->queued = apr_atomic_read32(&z->queued);
     g->queue_cap = apr_atomic_read32(&z->queue_cap);
     g->broken = apr_atomic_read32(&z->lock_broken) != 0;

@@ -505,7 +505,7 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
     int ok = 0, was_fallback;
 
     at_zone_glance(cz->ref->zone, &g);
-    at_cluster_note_demand(st, g.active, g.queued);
+    at_cluster_note_demand(st, g.running, g.queued);
     at_cluster_plan(&cz->conf, st, g.limit, at_now_us(), &plan);
     if (plan.lower_to < g.limit) {
         set_local_limit(cz, plan.lower_to);
@@ -513,7 +513,7 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
     }
     sent = at_now_us();
 #ifdef HAVE_HIREDIS
-    ok = redis_sync(cz, at_cluster_hold(g.limit, g.active), plan.want, &reply, peers, p);
+    ok = redis_sync(cz, at_cluster_hold(g.limit, g.running), plan.want, &reply, peers, p);
 #else
     (void)p;
     (void)peers;

@@ -559,6 +559,7 @@ static void test_successor_counts_what_runs_in_the_old_zone(void **state)
     at_zone_t *old = zone_new(3, 0, 100 * MS), *z = zone_new(4, 2, 3000 * MS);
     at_ticket_t o[3], t[2];
     waiter_arg_t a = {.z = z, .result = AT_ERROR};
+    at_zone_glance_t g;
     pthread_t th;
     (void)state;
 
@@ -568,6 +569,9 @@ static void test_successor_counts_what_runs_in_the_old_zone(void **state)
     at_zone_succeed(z, old);
     assert_null(at_zone_let_go_predecessor(z)); /* busy: kept */
     assert_int_equal(at_zone_acquire(z, &t[0], NULL, NULL), AT_ADMITTED); /* 3 + 1 = 4 */
+    at_zone_glance(z, &g); /* what a fleet's share must cover */
+    assert_int_equal(g.active, 1);
+    assert_int_equal(g.running, 4);
     pthread_create(&th, NULL, waiter_thread, &a);
     wait_until_queued(z, 1);
     at_zone_release(old, &o[0]); /* room for the new zone's waiter */
