@@ -154,6 +154,30 @@ bench_cgi_dir() {
 </Directory>"
 }
 
+# bench_apt_install PACKAGE...: installs Debian's packages that are not
+# installed yet, starting no service (a policy-rc.d that says no while it
+# runs), once more after apt-get update if the package lists are stale; a
+# package it cannot get stops the run, named. As root.
+bench_apt_install() {
+    local p missing="" own_policy=""
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+    done
+    [ -n "$missing" ] || return 0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
+    # shellcheck disable=SC2086  # the packages' names
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null ||
+        { apt-get update -qq >/dev/null 2>&1 || true
+          DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null; } ||
+        { [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+          echo "bench: could not install Debian's$missing (apt-get install$missing)" >&2
+          exit 1; }
+    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+}
+
 # DokuWiki from Debian's archive, and a page of it rendered on every request
 # (the ~~NOCACHE~~ macro, as dynamic pages use it): the syntax manual eight
 # times over, with its RSS and external-image examples taken out so that
@@ -167,10 +191,7 @@ bench_dokuwiki() {
     # again if it was off before.
     if ! dpkg-query -W -f='${Status}' dokuwiki 2>/dev/null | grep -q "ok installed"; then
         conf_was=$(ls /etc/apache2/conf-enabled/dokuwiki.conf 2>/dev/null || true)
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            dokuwiki php8.2-xml >/dev/null
-        rm -f /usr/sbin/policy-rc.d
+        bench_apt_install dokuwiki php8.2-xml
         [ -n "$conf_was" ] || a2disconf -q dokuwiki >/dev/null 2>&1 || true
     fi
     pages=/var/lib/dokuwiki/data/pages
@@ -191,13 +212,7 @@ bench_dokuwiki() {
 # mariadb_pid; the caller stops the server (bench_mariadb_stop). As root.
 bench_wordpress() {
     local dir=$1 id
-    if ! dpkg-query -W -f='${Status}' wordpress 2>/dev/null | grep -q "ok installed" ||
-       ! command -v mariadbd >/dev/null; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            wordpress wordpress-theme-twentytwentythree mariadb-server php8.2-mysql >/dev/null
-        rm -f /usr/sbin/policy-rc.d
-    fi
+    bench_apt_install wordpress wordpress-theme-twentytwentythree mariadb-server php8.2-mysql
     mkdir -p "$dir/run"; chown mysql "$dir/run"; chmod 755 "$dir"
     if [ ! -d "$dir/mysql/mysql" ]; then
         mariadb-install-db --no-defaults --user=mysql --datadir="$dir/mysql" \
