@@ -6,13 +6,16 @@ bench_setup() {
     local need=""
     command -v gnuplot >/dev/null || need="$need gnuplot-nox"
     command -v wrk >/dev/null || need="$need wrk"
+    # loadgen's -s (TLS) links OpenSSL
+    pkg-config --exists openssl 2>/dev/null || need="$need libssl-dev"
     if [ -n "$need" ]; then
         local sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
         $sudo apt-get install -y -qq $need >/dev/null
     fi
     out=bench/out
     mkdir -p "$out" docs/benchmarks
-    gcc -O2 -Wall -Wextra -pthread -o "$out/loadgen" bench/loadgen.c
+    # shellcheck disable=SC2046  # the libraries' flags, one word each
+    gcc -O2 -Wall -Wextra -pthread -o "$out/loadgen" bench/loadgen.c $(pkg-config --libs openssl)
     moddir=$(apxs -q LIBEXECDIR)
 }
 
