@@ -239,6 +239,77 @@ bench_wordpress() {
     wordpress_page="/wordpress/?p=$id"
 }
 
+# bench_mediawiki DIR PORT SECTIONS: MediaWiki from Debian's archive (with
+# php8.2-sqlite3), a private wiki in DIR made anew by MediaWiki's own
+# installer (maintenance/install.php): its SQLite database in DIR/db,
+# DIR/LocalSettings.php (httpd: SetEnv MW_CONFIG_FILE DIR/LocalSettings.php;
+# Alias /w /usr/share/mediawiki) with the parser cache off, the
+# localisation cache in files and no jobs run by web requests; and S9's
+# page "S9 heavy" of SECTIONS sections (bench_mediawiki_text). The
+# installer and the edits run without a network where the kernel lets them
+# (unshare -n), so that nothing is fetched. Sets mediawiki_page: the parse
+# API's URL for the page. As root.
+bench_mediawiki() {
+    local dir=$1 port=$2 sections=$3 conf_was mw=/usr/share/mediawiki nonet=""
+    conf_was=$(ls /etc/apache2/conf-enabled/mediawiki.conf 2>/dev/null || true)
+    # php8.2-sqlite3 is one of the alternatives mediawiki depends on: named
+    bench_apt_install mediawiki php8.2-sqlite3
+    # its postinst enables mediawiki.conf in the system apache2, which the
+    # benchmarks do not use: switched off again if it was off before
+    [ -n "$conf_was" ] || a2disconf -q mediawiki >/dev/null 2>&1 || true
+    unshare -n true 2>/dev/null && nonet="unshare -n"
+    rm -rf "$dir"
+    mkdir -p "$dir/db" "$dir/cache"
+    chmod 755 "$dir"
+    # shellcheck disable=SC2086  # $nonet: a command and its option, or nothing
+    $nonet php8.2 "$mw/maintenance/install.php" --dbtype sqlite --dbpath "$dir/db" \
+        --dbname s9wiki --server "http://127.0.0.1:$port" --scriptpath /w --confpath "$dir" \
+        --pass "s9-bench-$RANDOM-$RANDOM" S9Wiki Admin > "$dir/install.log" 2>&1 ||
+        { echo "bench_mediawiki: MediaWiki's installer failed: see $dir/install.log" >&2; exit 1; }
+    # shellcheck disable=SC2016  # PHP's variables, written as they are
+    printf '%s\n' '' '# S9: every parse request parses, localisation is read from files, and' \
+        '# no job runs inside a web request' '$wgParserCacheType = CACHE_NONE;' \
+        "\$wgCacheDirectory = \"$dir/cache\";" '$wgJobRunRate = 0;' >> "$dir/LocalSettings.php"
+    # shellcheck disable=SC2086
+    {
+        MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 \
+            "$mw/maintenance/rebuildLocalisationCache.php" --lang en --force &&
+        printf '%s\n' '{| class="wikitable" style="float:right"' '! colspan="3" | {{{title|Box}}}' \
+            '|-' '| {{{1}}} || {{uc:{{{2|x}}}}} || {{formatnum:{{{3|0}}}}}' '|}' |
+            MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 "$mw/maintenance/edit.php" \
+                --user Admin --summary S9 Template:S9box &&
+        bench_mediawiki_text "$sections" |
+            MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 "$mw/maintenance/edit.php" \
+                --user Admin --summary S9 "S9 heavy"
+    } >> "$dir/install.log" 2>&1 ||
+        { echo "bench_mediawiki: writing the wiki's pages failed: see $dir/install.log" >&2; exit 1; }
+    chown -R www-data:www-data "$dir"
+    mediawiki_page="/w/api.php?action=parse&format=json&page=S9_heavy&disablelimitreport=1"
+}
+
+# S9's MediaWiki page: SECTIONS sections, each with a template (S9box),
+# paragraphs of links (to pages that do not exist, to a section, outside:
+# rendered, never fetched) and magic words, nested lists and a table.
+bench_mediawiki_text() {
+    local i j
+    for i in $(seq "$1"); do
+        printf '== Section %d ==\n{{S9box|title=Box %d|item %d|value %d|%d}}\n' \
+            "$i" "$i" "$i" "$i" $((i * 1234567))
+        for j in 1 2 3 4; do
+            printf "'''Bold %d.%d''' and ''italic'' words with [[Page %d %d]], " "$i" "$j" "$i" "$j"
+            printf '[[S9 heavy#Section %d|a section]], [https://example.invalid/%d/%d a link outside], ' \
+                "$i" "$i" "$j"
+            printf '{{lc:MIXED Case %d}} and {{formatnum:%d}}.\n\n' "$i" $((i * j * 98765))
+        done
+        printf '* one\n** two [[Item %d]]\n*** three\n# first\n# second\n' "$i"
+        printf '{| class="wikitable sortable"\n! a !! b !! c\n'
+        for j in 1 2 3 4 5 6; do
+            printf '|-\n| %d || [[Row %d %d]] || {{urlencode:%d and %d}}\n' "$j" "$i" "$j" "$i" "$j"
+        done
+        printf '|}\n'
+    done
+}
+
 bench_mariadb_stop() {
     [ -n "${mariadb_pid:-}" ] || return 0
     kill -TERM "$mariadb_pid" 2>/dev/null || true
