@@ -6,13 +6,16 @@ bench_setup() {
     local need=""
     command -v gnuplot >/dev/null || need="$need gnuplot-nox"
     command -v wrk >/dev/null || need="$need wrk"
+    # loadgen's -s (TLS) links OpenSSL
+    pkg-config --exists openssl 2>/dev/null || need="$need libssl-dev"
     if [ -n "$need" ]; then
         local sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
         $sudo apt-get install -y -qq $need >/dev/null
     fi
     out=bench/out
     mkdir -p "$out" docs/benchmarks
-    gcc -O2 -Wall -Wextra -pthread -o "$out/loadgen" bench/loadgen.c
+    # shellcheck disable=SC2046  # the libraries' flags, one word each
+    gcc -O2 -Wall -Wextra -pthread -o "$out/loadgen" bench/loadgen.c $(pkg-config --libs openssl)
     moddir=$(apxs -q LIBEXECDIR)
 }
 
@@ -154,6 +157,30 @@ bench_cgi_dir() {
 </Directory>"
 }
 
+# bench_apt_install PACKAGE...: installs Debian's packages that are not
+# installed yet, starting no service (a policy-rc.d that says no while it
+# runs), once more after apt-get update if the package lists are stale; a
+# package it cannot get stops the run, named. As root.
+bench_apt_install() {
+    local p missing="" own_policy=""
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+    done
+    [ -n "$missing" ] || return 0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
+    # shellcheck disable=SC2086  # the packages' names
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null ||
+        { apt-get update -qq >/dev/null 2>&1 || true
+          DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null; } ||
+        { [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+          echo "bench: could not install Debian's$missing (apt-get install$missing)" >&2
+          exit 1; }
+    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+}
+
 # DokuWiki from Debian's archive, and a page of it rendered on every request
 # (the ~~NOCACHE~~ macro, as dynamic pages use it): the syntax manual eight
 # times over, with its RSS and external-image examples taken out so that
@@ -167,10 +194,7 @@ bench_dokuwiki() {
     # again if it was off before.
     if ! dpkg-query -W -f='${Status}' dokuwiki 2>/dev/null | grep -q "ok installed"; then
         conf_was=$(ls /etc/apache2/conf-enabled/dokuwiki.conf 2>/dev/null || true)
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            dokuwiki php8.2-xml >/dev/null
-        rm -f /usr/sbin/policy-rc.d
+        bench_apt_install dokuwiki php8.2-xml
         [ -n "$conf_was" ] || a2disconf -q dokuwiki >/dev/null 2>&1 || true
     fi
     pages=/var/lib/dokuwiki/data/pages
@@ -191,13 +215,7 @@ bench_dokuwiki() {
 # mariadb_pid; the caller stops the server (bench_mariadb_stop). As root.
 bench_wordpress() {
     local dir=$1 id
-    if ! dpkg-query -W -f='${Status}' wordpress 2>/dev/null | grep -q "ok installed" ||
-       ! command -v mariadbd >/dev/null; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            wordpress wordpress-theme-twentytwentythree mariadb-server php8.2-mysql >/dev/null
-        rm -f /usr/sbin/policy-rc.d
-    fi
+    bench_apt_install wordpress wordpress-theme-twentytwentythree mariadb-server php8.2-mysql
     mkdir -p "$dir/run"; chown mysql "$dir/run"; chmod 755 "$dir"
     if [ ! -d "$dir/mysql/mysql" ]; then
         mariadb-install-db --no-defaults --user=mysql --datadir="$dir/mysql" \
@@ -219,6 +237,77 @@ bench_wordpress() {
     chmod 644 /etc/wordpress/config-s9-bench.php
     id=$(php8.2 bench/s9-wordpress.php s9-bench | tail -1)
     wordpress_page="/wordpress/?p=$id"
+}
+
+# bench_mediawiki DIR PORT SECTIONS: MediaWiki from Debian's archive (with
+# php8.2-sqlite3), a private wiki in DIR made anew by MediaWiki's own
+# installer (maintenance/install.php): its SQLite database in DIR/db,
+# DIR/LocalSettings.php (httpd: SetEnv MW_CONFIG_FILE DIR/LocalSettings.php;
+# Alias /w /usr/share/mediawiki) with the parser cache off, the
+# localisation cache in files and no jobs run by web requests; and S9's
+# page "S9 heavy" of SECTIONS sections (bench_mediawiki_text). The
+# installer and the edits run without a network where the kernel lets them
+# (unshare -n), so that nothing is fetched. Sets mediawiki_page: the parse
+# API's URL for the page. As root.
+bench_mediawiki() {
+    local dir=$1 port=$2 sections=$3 conf_was mw=/usr/share/mediawiki nonet=""
+    conf_was=$(ls /etc/apache2/conf-enabled/mediawiki.conf 2>/dev/null || true)
+    # php8.2-sqlite3 is one of the alternatives mediawiki depends on: named
+    bench_apt_install mediawiki php8.2-sqlite3
+    # its postinst enables mediawiki.conf in the system apache2, which the
+    # benchmarks do not use: switched off again if it was off before
+    [ -n "$conf_was" ] || a2disconf -q mediawiki >/dev/null 2>&1 || true
+    unshare -n true 2>/dev/null && nonet="unshare -n"
+    rm -rf "$dir"
+    mkdir -p "$dir/db" "$dir/cache"
+    chmod 755 "$dir"
+    # shellcheck disable=SC2086  # $nonet: a command and its option, or nothing
+    $nonet php8.2 "$mw/maintenance/install.php" --dbtype sqlite --dbpath "$dir/db" \
+        --dbname s9wiki --server "http://127.0.0.1:$port" --scriptpath /w --confpath "$dir" \
+        --pass "s9-bench-$RANDOM-$RANDOM" S9Wiki Admin > "$dir/install.log" 2>&1 ||
+        { echo "bench_mediawiki: MediaWiki's installer failed: see $dir/install.log" >&2; exit 1; }
+    # shellcheck disable=SC2016  # PHP's variables, written as they are
+    printf '%s\n' '' '# S9: every parse request parses, localisation is read from files, and' \
+        '# no job runs inside a web request' '$wgParserCacheType = CACHE_NONE;' \
+        "\$wgCacheDirectory = \"$dir/cache\";" '$wgJobRunRate = 0;' >> "$dir/LocalSettings.php"
+    # shellcheck disable=SC2086
+    {
+        MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 \
+            "$mw/maintenance/rebuildLocalisationCache.php" --lang en --force &&
+        printf '%s\n' '{| class="wikitable" style="float:right"' '! colspan="3" | {{{title|Box}}}' \
+            '|-' '| {{{1}}} || {{uc:{{{2|x}}}}} || {{formatnum:{{{3|0}}}}}' '|}' |
+            MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 "$mw/maintenance/edit.php" \
+                --user Admin --summary S9 Template:S9box &&
+        bench_mediawiki_text "$sections" |
+            MW_CONFIG_FILE=$dir/LocalSettings.php $nonet php8.2 "$mw/maintenance/edit.php" \
+                --user Admin --summary S9 "S9 heavy"
+    } >> "$dir/install.log" 2>&1 ||
+        { echo "bench_mediawiki: writing the wiki's pages failed: see $dir/install.log" >&2; exit 1; }
+    chown -R www-data:www-data "$dir"
+    mediawiki_page="/w/api.php?action=parse&format=json&page=S9_heavy&disablelimitreport=1"
+}
+
+# S9's MediaWiki page: SECTIONS sections, each with a template (S9box),
+# paragraphs of links (to pages that do not exist, to a section, outside:
+# rendered, never fetched) and magic words, nested lists and a table.
+bench_mediawiki_text() {
+    local i j
+    for i in $(seq "$1"); do
+        printf '== Section %d ==\n{{S9box|title=Box %d|item %d|value %d|%d}}\n' \
+            "$i" "$i" "$i" "$i" $((i * 1234567))
+        for j in 1 2 3 4; do
+            printf "'''Bold %d.%d''' and ''italic'' words with [[Page %d %d]], " "$i" "$j" "$i" "$j"
+            printf '[[S9 heavy#Section %d|a section]], [https://example.invalid/%d/%d a link outside], ' \
+                "$i" "$i" "$j"
+            printf '{{lc:MIXED Case %d}} and {{formatnum:%d}}.\n\n' "$i" $((i * j * 98765))
+        done
+        printf '* one\n** two [[Item %d]]\n*** three\n# first\n# second\n' "$i"
+        printf '{| class="wikitable sortable"\n! a !! b !! c\n'
+        for j in 1 2 3 4 5 6; do
+            printf '|-\n| %d || [[Row %d %d]] || {{urlencode:%d and %d}}\n' "$j" "$i" "$j" "$i" "$j"
+        done
+        printf '|}\n'
+    done
 }
 
 bench_mariadb_stop() {
