@@ -26,7 +26,11 @@
 
 #include <apr.h>
 
-#define AT_CLUSTER_PEERS_MAX 64
+/* The others a server keeps of a zone: a fleet of more has shares fair
+ * over the first AT_CLUSTER_PEERS_MAX + 1 listed only (the cap still
+ * holds: the store grants). Redis's load bounds a fleet below it at the
+ * shortest periods (docs/cluster.md). */
+#define AT_CLUSTER_PEERS_MAX 255
 #define AT_CLUSTER_ID_MAX 64
 /* Defaults: a sync every 200 ms, each waiting at most 50 ms for Redis; a
  * lease of AT_CLUSTER_LEASE_PERIODS periods. */
@@ -95,9 +99,10 @@ void at_cluster_state_init(at_cluster_state_t *st, const char *id);
 apr_uint32_t at_cluster_note_demand(at_cluster_state_t *st, apr_uint32_t running,
                                     apr_uint32_t queued);
 
-/* Max-min fair shares of total over wants (each at least floor), what is
- * left split evenly, the odd units to the members first in rank order:
- * member me's share. Every member computes the same from the same rows. */
+/* Max-min fair shares of total over wants (each at least floor, where the
+ * total has a floor for every member), what is left split evenly, the odd
+ * units to the members first in rank order: member me's share. Every
+ * member computes the same from the same rows. */
 apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
                                    const apr_uint32_t *wants, const apr_uint32_t *ranks,
                                    apr_uint32_t n, apr_uint32_t me);
@@ -129,10 +134,12 @@ apr_uint32_t at_cluster_grant(apr_uint32_t total, apr_uint64_t others, apr_uint3
                               apr_uint32_t want);
 
 /* What the store answers: the share granted, when its rows began (a
- * store restarted empty begins anew), and the other members' rows. */
+ * store restarted empty begins anew), and the other members' rows, of
+ * which the glue keeps AT_CLUSTER_PEERS_MAX at most; members counts them
+ * all, this server included (0: npeers + 1), for the even fallback. */
 typedef struct {
     apr_uint32_t grant;
-    apr_uint32_t npeers;
+    apr_uint32_t npeers, members;
     apr_uint64_t born;
     const at_cluster_member_t *peers;
 } at_cluster_reply_t;

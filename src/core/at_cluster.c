@@ -91,6 +91,11 @@ apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
     if (n == 0 || me >= n || n > AT_CLUSTER_PEERS_MAX + 1) {
         return 0;
     }
+    if ((apr_uint64_t)floor * n > total) {
+        /* not a floor each: the units go where the demand is, not to the
+         * first servers by name whether they ask or not */
+        floor = 0;
+    }
     /* water-filling: the smallest wants are served whole while they fit
      * under an even split of what remains */
     for (step = 0; step < n; step++) {
@@ -237,7 +242,7 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
     }
     memcpy(st->peers, r->peers, npeers * sizeof(*r->peers));
     st->npeers = npeers;
-    st->members = npeers + 1;
+    st->members = r->members > npeers + 1 ? r->members : npeers + 1;
     st->share = grant;
     st->last_result = AT_CLUSTER_OK;
     st->last_ok_us = now_us;

@@ -1,11 +1,12 @@
 /*
  * Unit tests of cluster=: the fair shares, the store's grant, and a fleet
- * simulated on one clock: 2 to 10 servers, demands changing at random,
- * joins, leaves, deaths, the store down or restarted empty. Every step
- * checks that what the live servers may run sums to the total at most
- * while the store answers; a dead server's share is in use within a lease
- * and two periods; shares follow demand. A deliberately broken grant
- * (raising before the others gave back) is caught by the same check.
+ * simulated on one clock: 2 to 10 servers (and a hundred), demands
+ * changing at random, joins, leaves, deaths, the store down or restarted
+ * empty. Every step checks that what the live servers may run sums to the
+ * total at most while the store answers; a dead server's share is in use
+ * within a lease and two periods; shares follow demand. A deliberately
+ * broken grant (raising before the others gave back) is caught by the
+ * same check.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,7 +25,7 @@
 
 #define MS APR_INT64_C(1000)
 #define STEP_US (10 * MS)
-#define SIM_MAX 12
+#define SIM_MAX 128
 
 typedef apr_uint32_t (*grant_fn)(apr_uint32_t total, apr_uint64_t others, apr_uint32_t hold,
                                  apr_uint32_t want);
@@ -44,6 +45,7 @@ typedef struct {
     apr_int64_t expires_us;
 } sim_row_t;
 
+/* Too big for a stack: the tests share one. */
 typedef struct {
     at_cluster_conf_t conf;
     sim_server_t srv[SIM_MAX];
@@ -60,6 +62,8 @@ typedef struct {
     unsigned seed;
     apr_uint64_t violations; /* steps where the cap did not hold */
 } sim_t;
+
+static sim_t fleet;
 
 static unsigned draw(sim_t *s, unsigned n)
 {
@@ -98,7 +102,7 @@ static void store_expire(sim_t *s, apr_int64_t at_us)
 {
     apr_uint32_t j;
 
-    for (j = 0; j < SIM_MAX; j++) {
+    for (j = 0; j < s->n; j++) {
         if (s->rows[j].used && s->rows[j].expires_us <= at_us) {
             s->rows[j].used = 0;
         }
@@ -118,7 +122,7 @@ static int store_sync(sim_t *s, apr_uint32_t i, apr_uint32_t hold, apr_uint32_t 
     }
     store_expire(s, at_us);
     r->npeers = 0;
-    for (j = 0; j < SIM_MAX; j++) {
+    for (j = 0; j < s->n; j++) {
         if (j != i && s->rows[j].used) {
             others += s->rows[j].share;
             memcpy(peers[r->npeers].id, s->srv[j].st.id, AT_CLUSTER_ID_MAX);
@@ -251,7 +255,7 @@ static void sim_run(sim_t *s, apr_int64_t us)
 static apr_uint32_t share_of(apr_uint32_t total, const apr_uint32_t *wants, apr_uint32_t n,
                              apr_uint32_t me)
 {
-    apr_uint32_t ranks[16], i;
+    apr_uint32_t ranks[32], i;
 
     for (i = 0; i < n; i++) {
         ranks[i] = i;
@@ -262,7 +266,7 @@ static apr_uint32_t share_of(apr_uint32_t total, const apr_uint32_t *wants, apr_
 static void test_fair_share_is_max_min(void **state)
 {
     apr_uint32_t busy_alone[] = {30, 0, 0}, small_keeps[] = {2, 20, 20};
-    apr_uint32_t idle[] = {0, 0, 0}, many[] = {5, 5, 5, 5, 5};
+    apr_uint32_t idle[] = {0, 0, 0}, many[] = {5, 5, 5, 5, 5}, crowd[20];
     apr_uint32_t i, sum;
     (void)state;
 
@@ -282,6 +286,14 @@ static void test_fair_share_is_max_min(void **state)
         sum += share_of(3, many, 5, i);
     }
     assert_int_equal(sum, 3);
+    /* more servers than the total: no floor for those asking nothing, so
+     * that the units go to the three asking, not to the first by name */
+    for (i = 0; i < 20; i++) {
+        crowd[i] = i < 17 ? 0 : 5;
+    }
+    assert_int_equal(share_of(6, crowd, 20, 0), 0);
+    assert_int_equal(share_of(6, crowd, 20, 17), 2);
+    assert_int_equal(share_of(6, crowd, 20, 19), 2);
 }
 
 static void test_grant_raises_only_into_free_capacity(void **state)
@@ -314,6 +326,29 @@ static void test_fallback_parse_and_limit(void **state)
     assert_non_null(at_cluster_parse_fallback("0", &kind, &n));
     assert_non_null(at_cluster_parse_fallback("half", &kind, &n));
     assert_non_null(at_cluster_parse_fallback("3x", &kind, &n));
+}
+
+/* A fleet larger than the rows a server keeps: the even fallback still
+ * splits the total by every member the store counted. */
+static void test_members_beyond_the_rows_kept(void **state)
+{
+    at_cluster_member_t peers[3] = {{"b", 1, 1}, {"c", 1, 1}, {"d", 1, 1}};
+    at_cluster_reply_t r = {0};
+    at_cluster_conf_t c;
+    at_cluster_state_t st;
+    (void)state;
+
+    at_cluster_conf_init(&c, 600, 0);
+    at_cluster_state_init(&st, "a");
+    r.grant = 1;
+    r.npeers = 3;
+    r.peers = peers;
+    at_cluster_after_sync(&c, &st, 1, &r, 0, 0, 1000);
+    assert_int_equal(st.members, 4); /* no count given: the rows and itself */
+    r.members = 300;
+    at_cluster_after_sync(&c, &st, 1, &r, 1, 2000, 3000);
+    assert_int_equal(st.members, 300);
+    assert_int_equal(at_cluster_fallback_limit(&c, &st), 2);
 }
 
 /* cluster= and cluster_fallback= among a zone's words. */
@@ -356,30 +391,30 @@ static void test_zone_keys(void **state)
 
 static void test_shares_follow_demand(void **state)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     (void)state;
 
-    sim_init(&s, 3, 12, 7, at_cluster_grant);
-    s.srv[0].offered = 40;
-    sim_run(&s, 5000 * MS);
-    assert_int_equal(s.violations, 0);
-    assert_int_equal(s.srv[0].limit, 10);
-    assert_int_equal(s.srv[1].limit, 1);
-    assert_int_equal(s.srv[2].limit, 1);
+    sim_init(s, 3, 12, 7, at_cluster_grant);
+    s->srv[0].offered = 40;
+    sim_run(s, 5000 * MS);
+    assert_int_equal(s->violations, 0);
+    assert_int_equal(s->srv[0].limit, 10);
+    assert_int_equal(s->srv[1].limit, 1);
+    assert_int_equal(s->srv[2].limit, 1);
     /* the load moves to another server: the shares follow */
-    s.srv[0].offered = 0;
-    s.srv[2].offered = 40;
-    sim_run(&s, 5000 * MS);
-    assert_int_equal(s.violations, 0);
-    assert_int_equal(s.srv[2].limit, 10);
-    assert_int_equal(s.srv[0].limit, 1);
+    s->srv[0].offered = 0;
+    s->srv[2].offered = 40;
+    sim_run(s, 5000 * MS);
+    assert_int_equal(s->violations, 0);
+    assert_int_equal(s->srv[2].limit, 10);
+    assert_int_equal(s->srv[0].limit, 1);
     /* even load: even shares */
-    s.srv[0].offered = s.srv[1].offered = s.srv[2].offered = 40;
-    sim_run(&s, 5000 * MS);
-    assert_int_equal(s.violations, 0);
-    assert_int_equal(s.srv[0].limit + s.srv[1].limit + s.srv[2].limit, 12);
-    assert_in_range(s.srv[0].limit, 4, 4);
-    assert_in_range(s.srv[1].limit, 4, 4);
+    s->srv[0].offered = s->srv[1].offered = s->srv[2].offered = 40;
+    sim_run(s, 5000 * MS);
+    assert_int_equal(s->violations, 0);
+    assert_int_equal(s->srv[0].limit + s->srv[1].limit + s->srv[2].limit, 12);
+    assert_in_range(s->srv[0].limit, 4, 4);
+    assert_in_range(s->srv[1].limit, 4, 4);
 }
 
 /* Three servers, 12 in all, each offered more than it: settled for us. */
@@ -396,19 +431,19 @@ static void sim_three_busy(sim_t *s, unsigned seed, apr_int64_t us)
 
 static void test_dead_share_reused_within_lease_and_two_periods(void **state)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     apr_int64_t deadline;
     (void)state;
 
-    sim_three_busy(&s, 11, 5000 * MS);
-    assert_int_equal(s.srv[0].limit, 4);
-    s.srv[0].alive = 0; /* killed: it never syncs again */
-    deadline = s.now_us + s.conf.lease_us + 2 * s.conf.period_us;
-    while (s.now_us < deadline && s.srv[1].limit + s.srv[2].limit < 12) {
-        sim_step(&s);
+    sim_three_busy(s, 11, 5000 * MS);
+    assert_int_equal(s->srv[0].limit, 4);
+    s->srv[0].alive = 0; /* killed: it never syncs again */
+    deadline = s->now_us + s->conf.lease_us + 2 * s->conf.period_us;
+    while (s->now_us < deadline && s->srv[1].limit + s->srv[2].limit < 12) {
+        sim_step(s);
     }
-    assert_int_equal(s.srv[1].limit + s.srv[2].limit, 12);
-    assert_int_equal(s.violations, 0);
+    assert_int_equal(s->srv[1].limit + s->srv[2].limit, 12);
+    assert_int_equal(s->violations, 0);
 }
 
 /* The store gone for everyone, no server joining: the even fallback keeps
@@ -416,150 +451,210 @@ static void test_dead_share_reused_within_lease_and_two_periods(void **state)
  * the idle ones would raise to an even split. */
 static void test_even_fallback_keeps_the_cap(void **state)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     apr_int64_t end;
     apr_uint64_t worst = 0;
     apr_uint32_t i;
     (void)state;
 
-    sim_init(&s, 3, 12, 5, at_cluster_grant);
-    s.srv[0].offered = 40;
-    sim_run(&s, 3000 * MS);
-    assert_int_equal(s.srv[0].limit, 10);
-    s.srv[1].offered = 40; /* every server busy when the store goes */
-    s.srv[2].offered = 40;
-    s.store_up = 0;
-    for (end = s.now_us + 6000 * MS; s.now_us < end;) {
+    sim_init(s, 3, 12, 5, at_cluster_grant);
+    s->srv[0].offered = 40;
+    sim_run(s, 3000 * MS);
+    assert_int_equal(s->srv[0].limit, 10);
+    s->srv[1].offered = 40; /* every server busy when the store goes */
+    s->srv[2].offered = 40;
+    s->store_up = 0;
+    for (end = s->now_us + 6000 * MS; s->now_us < end;) {
         apr_uint64_t sum = 0;
 
-        sim_step(&s);
+        sim_step(s);
         for (i = 0; i < 3; i++) {
-            sum += s.srv[i].limit > s.srv[i].running ? s.srv[i].limit : s.srv[i].running;
+            sum += s->srv[i].limit > s->srv[i].running ? s->srv[i].limit : s->srv[i].running;
         }
         worst = sum > worst ? sum : worst;
     }
     for (i = 0; i < 3; i++) {
-        assert_true(s.srv[i].st.fallback);
-        assert_int_equal(s.srv[i].limit, 4); /* even: 12 / 3, in the end */
+        assert_true(s->srv[i].st.fallback);
+        assert_int_equal(s->srv[i].limit, 4); /* even: 12 / 3, in the end */
     }
     assert_true(worst <= 12);
 }
 
 static void test_store_down_falls_back_then_shares_again(void **state)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     apr_uint32_t i;
     (void)state;
 
-    sim_init(&s, 3, 12, 5, at_cluster_grant);
-    s.srv[0].offered = 40;
-    sim_run(&s, 3000 * MS);
-    assert_int_equal(s.srv[0].limit, 10);
-    s.store_up = 0;
-    sim_run(&s, 5000 * MS); /* a lease to fall back, a lease before raising */
+    sim_init(s, 3, 12, 5, at_cluster_grant);
+    s->srv[0].offered = 40;
+    sim_run(s, 3000 * MS);
+    assert_int_equal(s->srv[0].limit, 10);
+    s->store_up = 0;
+    sim_run(s, 5000 * MS); /* a lease to fall back, a lease before raising */
     for (i = 0; i < 3; i++) {
-        assert_true(s.srv[i].st.fallback);
-        assert_int_equal(s.srv[i].limit, 4); /* even: 12 / 3 */
+        assert_true(s->srv[i].st.fallback);
+        assert_int_equal(s->srv[i].limit, 4); /* even: 12 / 3 */
     }
-    s.store_up = 1;
-    s.up_since_us = s.now_us;
-    s.born = 2; /* and it lost its rows */
-    memset(s.rows, 0, sizeof(s.rows));
-    sim_run(&s, 3000 * MS);
-    assert_int_equal(s.violations, 0);
-    assert_false(s.srv[0].st.fallback);
-    assert_int_equal(s.srv[0].limit, 10);
+    s->store_up = 1;
+    s->up_since_us = s->now_us;
+    s->born = 2; /* and it lost its rows */
+    memset(s->rows, 0, sizeof(s->rows));
+    sim_run(s, 3000 * MS);
+    assert_int_equal(s->violations, 0);
+    assert_false(s->srv[0].st.fallback);
+    assert_int_equal(s->srv[0].limit, 10);
 }
 
 /* A store restarted empty while everyone still holds a lease: nobody may
  * raise into the capacity the others still run. */
 static void test_store_restarted_empty_keeps_the_cap(void **state)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     (void)state;
 
-    sim_three_busy(&s, 9, 3000 * MS);
-    s.born = 2;
-    memset(s.rows, 0, sizeof(s.rows));
-    s.srv[0].offered = 100; /* and a burst that would take it all */
-    sim_run(&s, 3000 * MS);
-    assert_int_equal(s.violations, 0);
-    assert_int_equal(s.srv[0].limit + s.srv[1].limit + s.srv[2].limit, 12);
+    sim_three_busy(s, 9, 3000 * MS);
+    s->born = 2;
+    memset(s->rows, 0, sizeof(s->rows));
+    s->srv[0].offered = 100; /* and a burst that would take it all */
+    sim_run(s, 3000 * MS);
+    assert_int_equal(s->violations, 0);
+    assert_int_equal(s->srv[0].limit + s->srv[1].limit + s->srv[2].limit, 12);
+}
+
+/* A hundred servers: each counts every other the store lists, so that
+ * the shares are max-min fair over the whole fleet (the busy servers are
+ * the last the store lists) and the even fallback splits the total by a
+ * hundred. */
+static void test_hundred_servers_share_by_demand(void **state)
+{
+    sim_t *s = &fleet;
+    apr_uint32_t i;
+    (void)state;
+
+    sim_init(s, 100, 1000, 3, at_cluster_grant);
+    for (i = 97; i < 100; i++) {
+        s->srv[i].offered = 400;
+    }
+    sim_run(s, 8000 * MS);
+    assert_int_equal(s->violations, 0);
+    for (i = 0; i < 97; i++) {
+        assert_int_equal(s->srv[i].limit, 1);
+    }
+    for (i = 97; i < 100; i++) {
+        assert_int_equal(s->srv[i].limit, 301); /* (1000 - 97 floors) / 3 */
+    }
+    assert_int_equal(s->srv[0].st.members, 100);
+    assert_int_equal(at_cluster_fallback_limit(&s->conf, &s->srv[0].st), 10);
+}
+
+/* Fewer units than servers, 12 for 100: not every server gets its floor.
+ * The cap holds at every step while demand moves, and the units go where
+ * the demand is. */
+static void test_more_servers_than_the_total_keep_the_cap(void **state)
+{
+    sim_t *s = &fleet;
+    apr_uint32_t i, round, sum;
+    (void)state;
+
+    sim_init(s, 100, 12, 4, at_cluster_grant);
+    for (round = 0; round < 40; round++) {
+        for (i = 0; i < 100; i++) {
+            s->srv[i].offered = draw(s, 10) == 0 ? 1 + draw(s, 5) : 0;
+        }
+        sim_run(s, (20 + draw(s, 200)) * STEP_US);
+    }
+    /* ten servers asking 3 each, the rest nothing: the units go to the ten */
+    for (i = 0; i < 100; i++) {
+        s->srv[i].offered = i % 10 == 9 ? 3 : 0;
+    }
+    sim_run(s, 4000 * MS);
+    assert_int_equal(s->violations, 0);
+    for (i = 0, sum = 0; i < 100; i++) {
+        if (i % 10 == 9) {
+            assert_in_range(s->srv[i].limit, 1, 2);
+        }
+        else {
+            assert_int_equal(s->srv[i].limit, 0);
+        }
+        sum += s->srv[i].limit;
+    }
+    assert_int_equal(sum, 12);
 }
 
 /* Random fleets: the cap holds at every step while the store answers, and
  * shares settle on max-min fairness once things are quiet. */
 static apr_uint64_t random_fleet(unsigned seed, grant_fn grant, int check_fair)
 {
-    sim_t s;
+    sim_t *s = &fleet;
     apr_uint32_t n = 2 + seed % 9, total = n + (seed * 7) % 40, i, round;
 
-    sim_init(&s, n, total, seed, grant);
+    sim_init(s, n, total, seed, grant);
     for (round = 0; round < 60; round++) {
-        unsigned ev = draw(&s, 20);
+        unsigned ev = draw(s, 20);
 
         for (i = 0; i < n; i++) {
-            if (draw(&s, 3) == 0) {
-                s.srv[i].offered = draw(&s, 3) ? draw(&s, total + 1) : draw(&s, 3 * total);
+            if (draw(s, 3) == 0) {
+                s->srv[i].offered = draw(s, 3) ? draw(s, total + 1) : draw(s, 3 * total);
             }
         }
         if (ev == 0) {
-            i = draw(&s, n);
-            if (s.srv[i].alive) {
-                s.srv[i].alive = 0; /* dies */
-                s.srv[i].running = 0;
+            i = draw(s, n);
+            if (s->srv[i].alive) {
+                s->srv[i].alive = 0; /* dies */
+                s->srv[i].running = 0;
             }
             else {
-                server_start(&s, i); /* (re)joins */
+                server_start(s, i); /* (re)joins */
             }
         }
         else if (ev == 1) {
-            s.store_up = 0;
+            s->store_up = 0;
         }
-        else if ((ev == 2 || ev == 3) && !s.store_up) {
-            s.store_up = 1;
-            s.up_since_us = s.now_us;
+        else if ((ev == 2 || ev == 3) && !s->store_up) {
+            s->store_up = 1;
+            s->up_since_us = s->now_us;
         }
-        else if (ev == 4 && s.store_up) {
-            s.born++; /* restarted empty */
-            memset(s.rows, 0, sizeof(s.rows));
+        else if (ev == 4 && s->store_up) {
+            s->born++; /* restarted empty */
+            memset(s->rows, 0, sizeof(s->rows));
         }
-        sim_run(&s, (50 + draw(&s, 100)) * STEP_US);
+        sim_run(s, (50 + draw(s, 100)) * STEP_US);
     }
-    if (!s.store_up) {
-        s.store_up = 1;
-        s.up_since_us = s.now_us;
+    if (!s->store_up) {
+        s->store_up = 1;
+        s->up_since_us = s->now_us;
     }
-    sim_run(&s, 5000 * MS); /* quiet: the fleet settles */
+    sim_run(s, 5000 * MS); /* quiet: the fleet settles */
     if (check_fair) {
         apr_uint32_t wants[SIM_MAX], ranks[SIM_MAX], alive[SIM_MAX], m = 0, k, j;
 
         for (i = 0; i < n; i++) {
-            if (s.srv[i].alive) {
+            if (s->srv[i].alive) {
                 alive[m] = i;
-                wants[m++] = s.srv[i].offered;
+                wants[m++] = s->srv[i].offered;
             }
         }
         for (k = 0; k < m; k++) {
             for (j = 0, ranks[k] = 0; j < m; j++) {
-                ranks[k] += strcmp(s.srv[alive[j]].st.id, s.srv[alive[k]].st.id) < 0;
+                ranks[k] += strcmp(s->srv[alive[j]].st.id, s->srv[alive[k]].st.id) < 0;
             }
         }
         for (k = 0; k < m; k++) {
             apr_uint32_t fair = at_cluster_fair_share(total, 1, wants, ranks, m, k);
-            apr_uint32_t got = s.srv[alive[k]].limit;
+            apr_uint32_t got = s->srv[alive[k]].limit;
 
             if (got + 1 < fair || got > fair + 1) {
                 print_message("seed %u: server %u has %u, its fair share is %u\n", seed,
                               alive[k], got, fair);
                 for (i = 0; i < n; i++) {
-                    print_message(" %u alive=%d limit=%u run=%u share=%u tgt=%u dem=%u off=%u id=%s peers=%u\n", i, s.srv[i].alive, s.srv[i].limit, s.srv[i].running, s.srv[i].st.share, s.srv[i].st.target, s.srv[i].st.demand, s.srv[i].offered, s.srv[i].st.id, s.srv[i].st.npeers);
+                    print_message(" %u alive=%d limit=%u run=%u share=%u tgt=%u dem=%u off=%u id=%s peers=%u\n", i, s->srv[i].alive, s->srv[i].limit, s->srv[i].running, s->srv[i].st.share, s->srv[i].st.target, s->srv[i].st.demand, s->srv[i].offered, s->srv[i].st.id, s->srv[i].st.npeers);
                 }
                 fail();
             }
         }
     }
-    return s.violations;
+    return s->violations;
 }
 
 static void test_random_fleets_keep_the_cap(void **state)
@@ -604,12 +699,15 @@ int main(void)
         cmocka_unit_test(test_fair_share_is_max_min),
         cmocka_unit_test(test_grant_raises_only_into_free_capacity),
         cmocka_unit_test(test_fallback_parse_and_limit),
+        cmocka_unit_test(test_members_beyond_the_rows_kept),
         cmocka_unit_test(test_even_fallback_keeps_the_cap),
         cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
         cmocka_unit_test(test_store_down_falls_back_then_shares_again),
         cmocka_unit_test(test_store_restarted_empty_keeps_the_cap),
+        cmocka_unit_test(test_hundred_servers_share_by_demand),
+        cmocka_unit_test(test_more_servers_than_the_total_keep_the_cap),
         cmocka_unit_test(test_random_fleets_keep_the_cap),
         cmocka_unit_test(test_broken_grant_is_caught),
     };
