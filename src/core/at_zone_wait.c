@@ -3,8 +3,8 @@
  * lock until it is handed a slot, evicted, its deadline passes (CoDel's or
  * its own) or its client goes; one that cannot get the lock in time leaves
  * without it. Idle waiters cost no wake-ups: one waiter of each process
- * looks at the clients of all (zone_here_*), one waiter of each zone looks
- * for the dead (z->watcher).
+ * looks at the clients of all (zone_here_*), also while it waits for a
+ * lock, and one waiter of each zone looks for the dead (z->watcher).
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -17,6 +17,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
+{
+    return a < b ? a : b;
+}
 
 /* ---- the requests waiting in this process ---------------------------- */
 
@@ -132,6 +137,48 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
+/* 1 if its client has gone: the checker saw it, or it asks itself now. */
+static int here_client_gone(zone_here_t *me)
+{
+    int gone;
+
+    pthread_mutex_lock(&here.mu);
+    gone = __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) || (me->fn && me->fn(me->ctx));
+    __atomic_store_n(&me->gone, gone, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&here.mu);
+    return gone;
+}
+
+/* Waits for the zone's lock until until_us, in turns of a check: the
+ * process's checker looks at the clients between them, as a lock held by
+ * a stopped process must not leave the clients of its other waiters
+ * (other zones', rate_delay's) unwatched; and the duty may pass to this
+ * waiter while it waits. One whose client has gone waits as long as a
+ * request that is done does (AT_RELEASE_LOCK_US), then leaves without. */
+static int lock_checking(at_zone_t *z, zone_here_t *me, apr_int64_t until_us)
+{
+    for (;;) {
+        apr_int64_t now = at_now_us(), turn = earlier(until_us, now + AT_CLIENT_CHECK_US);
+        int rc;
+
+        if (zone_here_gone(me, now, &turn)) {
+            until_us = earlier(until_us, now + AT_RELEASE_LOCK_US);
+            turn = earlier(turn, until_us);
+        }
+        rc = zone_lock_until(z, turn);
+        if (rc != ETIMEDOUT || turn >= until_us) {
+            return rc;
+        }
+    }
+}
+
+/* How long the checker may spend on a reclaim: until its next check. */
+static apr_int64_t reclaim_until(zone_here_t *me, apr_int64_t until_us)
+{
+    zone_here_gone(me, at_now_us(), &until_us);
+    return until_us;
+}
+
 /* ---- a queued request ------------------------------------------------ */
 
 /* Leave the queue without a slot, counted as refused for this reason. */
@@ -174,12 +221,28 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
     if (refused != AT_ABORTED) {
         __atomic_add_fetch(&z->counters.rejected_locked, 1, __ATOMIC_RELAXED);
     }
+    else if (to != W_DROP) { /* the tidy counts a dropped slot */
+        __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
+    }
     return refused;
 }
 
-static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
+/* Lock held: a waiter whose client has gone leaves, and a slot it was
+ * granted meanwhile goes on to the next: no handler runs for nobody. */
+static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
 {
-    return a < b ? a : b;
+    at_waiter_t *w = &waiters(z)[wi];
+
+    if (w->state == W_GRANTED) {
+        zone_slot_put(z, w->slot);
+        zone_dispatch(z);
+    }
+    else if (w->state == W_WAITING) {
+        zone_waiter_leave_queue(z, wi);
+    }
+    zone_waiter_free(z, wi);
+    __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
+    return AT_ABORTED;
 }
 
 /* A waiter sleeps without the lock until something it must act on under the
@@ -190,7 +253,7 @@ static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
  * dead every interval (and with mem= or a replaced zone dispatches every
  * slice), and the process's checker looks at its clients (and for the
  * dead every fourth interval, in case the watcher is the one that died).
- * 1 if its client has gone. */
+ * 1 if its client has gone (a slot granted meanwhile is then passed on). */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
                          apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
@@ -204,7 +267,8 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
             || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
-            return 0;
+            return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED
+                   && here_client_gone(me);
         }
         until = deadline;
         if (zone_here_gone(me, now, &until)) {
@@ -245,15 +309,24 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         mem_read_t m;
 
         zone_mem_read_before_lock(z, &m);
-        if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+        if ((rc = lock_checking(z, me, full_deadline)) != 0) {
             zone_mem_after_unlock(z, &m);
-            return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_REJECTED_LOCKED)
-                                   : AT_ERROR;
+            if (rc != ETIMEDOUT) {
+                return AT_ERROR;
+            }
+            return leave_without_lock(z, w, t, here_client_gone(me) ? AT_ABORTED
+                                                                    : AT_REJECTED_LOCKED);
         }
         zone_mem_apply_locked(z, &m);
         now = at_now_us();
         if (z->qhead == wi || z->watcher == wi) {
             zone_dispatch(z); /* memory, or a replaced zone, frees without a release here */
+        }
+        if (w->state == W_GRANTED && __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE)) {
+            at_result_t r = leave_for_gone_client(z, wi);
+
+            zone_unlock_after_mem(z, &m);
+            return r;
         }
         if (w->state == W_GRANTED) {
             t->slot = w->slot;
@@ -288,25 +361,19 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         zone_unlock_after_mem(z, &m);
 
         if (do_reclaim) {
-            zone_reclaim(z, full_deadline, 0);
+            zone_reclaim(z, reclaim_until(me, full_deadline), 0);
             continue;
         }
         gave_up = wait_unlocked(z, w, wi, seen, start, full_deadline, me);
         if (gave_up) {
-            if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+            at_result_t r;
+
+            if ((rc = lock_checking(z, me, full_deadline)) != 0) {
                 return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_ABORTED) : AT_ERROR;
             }
-            if (w->state == W_GRANTED) {
-                zone_slot_put(z, w->slot); /* granted as the client left */
-                zone_dispatch(z);
-            }
-            else if (w->state == W_WAITING) {
-                zone_waiter_leave_queue(z, wi);
-            }
-            zone_waiter_free(z, wi);
-            z->counters.aborted++;
+            r = leave_for_gone_client(z, wi);
             zone_unlock(z);
-            return AT_ABORTED;
+            return r;
         }
     }
 }

@@ -118,6 +118,32 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
     return pid;
 }
 
+/* Sends sig to a lock holder after 20 s, or lets it be as soon as told: a
+ * build that waits for the lock for ever fails the test, not hangs it, and
+ * `fired` says whether the wait ended only because the holder went on. */
+typedef struct {
+    pid_t holder;
+    int sig;
+    int go;
+    int fired;
+} cont_arg_t;
+
+static inline void *cont_later(void *arg)
+{
+    cont_arg_t *c = arg;
+
+    for (int i = 0; i < 20000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    if (!__atomic_load_n(&c->go, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->fired, 1, __ATOMIC_SEQ_CST);
+    }
+    if (c->sig) {
+        kill(c->holder, c->sig);
+    }
+    return NULL;
+}
+
 /* A child that takes the zone's lock and is stopped holding it (SIGSTOP,
  * a debugger); SIGCONT lets it go on and release the lock. */
 static inline pid_t fork_stopped_lock_holder(at_zone_t *z)
