@@ -337,7 +337,7 @@ static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_f
     zone_here_t me;
     apr_int64_t now;
 
-    zone_here_join(&me, abort_fn, ctx, &word);
+    zone_here_join(&me, NULL, abort_fn, ctx, &word);
     while ((now = at_now_us()) < until_us) {
         apr_uint32_t seen = __atomic_load_n(&word, __ATOMIC_SEQ_CST);
         apr_int64_t wake = until_us;

@@ -4,7 +4,8 @@
  * its own) or its client goes; one that cannot get the lock in time leaves
  * without it. Idle waiters cost no wake-ups: one waiter of each process
  * looks at the clients of all (zone_here_*), also while it waits for a
- * lock, and one waiter of each zone looks for the dead (z->watcher).
+ * lock, one waiter of each zone looks for the dead (z->watcher), and the
+ * former backs up the latter.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -53,11 +54,13 @@ static void here_wake(zone_here_t *e)
 #endif
 }
 
-void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word)
+void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
+                    apr_uint32_t *word)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
 
     pthread_once(&once, here_watch_forks);
+    me->z = z;
     me->fn = fn;
     me->ctx = ctx;
     me->word = word;
@@ -104,9 +107,29 @@ void zone_here_leave(zone_here_t *me)
     pthread_mutex_unlock(&here.mu);
 }
 
+/* The zones of this process's waiters whose dead nobody looked for lately,
+ * a few at a check. */
+#define LATE_ZONES 4
+typedef struct {
+    at_zone_t *z[LATE_ZONES];
+    int n;
+} late_zones_t;
+
+static void late_zones_add(late_zones_t *late, at_zone_t *z, apr_int64_t now)
+{
+    for (int i = 0; i < late->n; i++) {
+        if (late->z[i] == z) {
+            return;
+        }
+    }
+    if (late->n < LATE_ZONES && zone_reclaim_late(z, now)) {
+        late->z[late->n++] = z;
+    }
+}
+
 /* Lock held: asks every waiting request whether its client has gone, and
- * wakes those whose has. */
-static void here_check_clients(zone_here_t *me)
+ * wakes those whose has; notes the zones they wait in that are late. */
+static void here_check_clients(zone_here_t *me, apr_int64_t now, late_zones_t *late)
 {
     for (zone_here_t *e = here.first; e; e = e->next) {
         if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
@@ -115,18 +138,23 @@ static void here_check_clients(zone_here_t *me)
                 here_wake(e);
             }
         }
+        if (e->z) {
+            late_zones_add(late, e->z, now);
+        }
     }
 }
 
 int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
 {
+    late_zones_t late = {.n = 0};
+
     pthread_mutex_lock(&here.mu);
     if (!here.checker) {
         here.checker = me;
     }
     if (here.checker == me) {
         if (now >= here.next_check_us) {
-            here_check_clients(me);
+            here_check_clients(me, now, &late);
             here.next_check_us = now + AT_CLIENT_CHECK_US;
         }
         if (here.next_check_us < *until) {
@@ -134,6 +162,12 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
         }
     }
     pthread_mutex_unlock(&here.mu);
+    /* A late zone's watcher left without the lock, died, or sleeps unaware:
+     * the pass's lock names another (the tidy) and wakes it. Never waiting
+     * for the lock: the checker must not stall. */
+    for (int i = 0; i < late.n; i++) {
+        at_zone_reclaim_nowait(late.z[i]);
+    }
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
@@ -252,8 +286,9 @@ static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
  * queue may come to stand), or a duty: the zone's watcher looks for the
  * dead every interval (and with mem= or a replaced zone dispatches every
  * slice), and the process's checker looks at its clients (and for the
- * dead every fourth interval, in case the watcher is the one that died).
- * 1 if its client has gone (a slot granted meanwhile is then passed on). */
+ * dead of their zones after four intervals with none, in case a watcher
+ * died, left or never learned its turn). 1 if its client has gone (a slot
+ * granted meanwhile is then passed on). */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
                          apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
@@ -264,7 +299,6 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         deadline = at_codel_deadline(&z->codel, start, full_deadline, now,
                                      __atomic_load_n(&z->typical_service_us, __ATOMIC_RELAXED));
         watcher = __atomic_load_n(&z->watcher, __ATOMIC_RELAXED) == wi;
-        last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
             || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
             return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED
@@ -274,6 +308,8 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         if (zone_here_gone(me, now, &until)) {
             return 1; /* before any duty: it leaves at once */
         }
+        /* read after the check, which may have reclaimed this zone */
+        last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now - last >= AT_RECLAIM_INTERVAL_US * (watcher ? 1 : 4)) {
             return 0;
         }
@@ -385,7 +421,7 @@ at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     zone_here_t me;
     at_result_t r;
 
-    zone_here_join(&me, abort_fn, ctx, &waiters(z)[wi].wake);
+    zone_here_join(&me, z, abort_fn, ctx, &waiters(z)[wi].wake);
     r = wait_in_queue(z, t, wi, start, timeout_us, &me);
     zone_here_leave(&me);
     return r;

@@ -1,8 +1,10 @@
 /*
- * The duties of idle waiters, with processes stopped at the worst step:
- * the process's checker, which looks at the clients of every request
- * waiting in its process (whatever zone they wait in); and a slot handed
- * to a request whose client has gone. Each test ends its threads and processes before
+ * The duties of idle waiters, with processes stopped or dying at the worst
+ * step: the process's checker, which looks at the clients of every request
+ * waiting in its process (whatever zone they wait in), and backs up the
+ * zones' watchers; the watcher, which looks for the dead; the wake-ups a
+ * hand-off sends after letting the lock go; and a slot handed to a request
+ * whose client has gone. Each test ends its threads and processes before
  * it asserts, so that a failure leaves nothing behind for the next.
  */
 #include <stdarg.h>
@@ -74,6 +76,30 @@ static void end_request(req_t *a)
     pthread_join(a->th, NULL);
 }
 
+/* This process's checker: a request queued first, in a zone of its own,
+ * behind a slot the test holds. */
+typedef struct {
+    at_zone_t *z;
+    at_ticket_t hold;
+    req_t r;
+} checker_t;
+
+static void start_checker(checker_t *c)
+{
+    c->z = zone_new(1, 1, LONG);
+    assert_non_null(c->z);
+    assert_int_equal(at_zone_acquire(c->z, &c->hold, NULL, NULL), AT_ADMITTED);
+    start_queued(&c->r, c->z, 0, LONG, 1);
+    usleep(100 * MS); /* it joins the process's waiters just after queueing */
+}
+
+static void end_checker(checker_t *c)
+{
+    end_request(&c->r);
+    at_zone_release(c->z, &c->hold);
+    zone_free(c->z);
+}
+
 static void end_process(pid_t pid)
 {
     kill(pid, SIGKILL);
@@ -124,6 +150,101 @@ static void test_checker_checks_while_another_zones_lock_is_stuck(void **state)
     assert_int_equal(stats_of(b).active, 0);
     zone_free(a);
     zone_free(b);
+}
+
+/* Ends the process as it lets the lock go, with wake-ups still to send. */
+static void die_with_wakes_unsent(int where, int step)
+{
+    if (where == AT_STEP_WAKES && step > 0) {
+        _exit(DIED);
+    }
+}
+
+/* Once told, gives the slot back and dies between letting the lock go and
+ * waking the waiter it handed the slot to. */
+static void release_and_die(at_zone_t *z, at_ticket_t *t, void *go)
+{
+    while (!__atomic_load_n((int *)go, __ATOMIC_SEQ_CST)) {
+        usleep(1000);
+    }
+    at_test_step_hook = die_with_wakes_unsent;
+    at_zone_release(z, t);
+}
+
+/* 2. The releaser dies after letting the lock go, before it wakes the
+ * waiter it granted the slot to; that waiter is neither its process's
+ * checker nor the zone's watcher. The watcher's next pass wakes it: it
+ * runs well before its deadline instead of holding the slot idle. */
+static void test_grant_woken_after_its_waker_died(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    int *go = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    checker_t c;
+    req_t watcher, granted;
+    pid_t releaser;
+    int st;
+    (void)state;
+
+    assert_true(go != MAP_FAILED);
+    *go = 0;
+    releaser = fork_holder_then(z, NULL, release_and_die, go);
+    start_checker(&c);
+    start_queued(&watcher, z, 0, LONG, 1);
+    start_queued(&granted, z, 5, 10000 * MS, 2); /* the queue's head */
+    usleep(300 * MS); /* asleep */
+    __atomic_store_n(go, 1, __ATOMIC_SEQ_CST);
+    assert_int_equal(waitpid(releaser, &st, 0), releaser);
+    pthread_join(granted.th, NULL);
+
+    end_request(&watcher);
+    end_checker(&c);
+    munmap(go, sizeof(int));
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == DIED);
+    assert_int_equal(granted.result, AT_QUEUED);
+    if (granted.wait_us >= 5000 * MS) {
+        fail_msg("the granted waiter slept %lld ms, to its deadline",
+                 (long long)(granted.wait_us / MS));
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* 3. The zone's watcher leaves without the lock (its deadline passed while
+ * a stopped process held it); the stopped process goes on and lets the
+ * lock go, and nobody else takes it. A holder then dies: the checker of a
+ * process with a waiter in the zone, itself waiting in another zone, sees
+ * the zone's reclaim late and makes the pass, so that the slot reaches the
+ * waiter left, long before its deadline. */
+static void test_watcher_that_left_without_the_lock_is_replaced(void **state)
+{
+    at_zone_t *z = zone_new(2, 4, LONG);
+    at_ticket_t hold;
+    checker_t c;
+    req_t left, patient;
+    pid_t holder, stopped;
+    (void)state;
+
+    holder = fork_holder(z, NULL, 1);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    start_checker(&c);
+    start_queued(&left, z, 0, 1500 * MS, 1); /* the watcher */
+    start_queued(&patient, z, 0, 20000 * MS, 2);
+    stopped = fork_stopped_lock_holder(z);
+    pthread_join(left.th, NULL);
+    kill(stopped, SIGCONT); /* lets the lock go, and pauses */
+    end_process(holder);
+    pthread_join(patient.th, NULL);
+
+    end_checker(&c);
+    end_process(stopped);
+    at_zone_release(z, &hold);
+    assert_int_equal(left.result, AT_REJECTED_LOCKED);
+    assert_int_equal(patient.result, AT_QUEUED); /* not its 20 s timeout */
+    assert_int_equal(stats_of(z).counters.reclaimed, 1);
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).queued, 0);
+    zone_free(z);
 }
 
 /* 4. A slot is handed to a waiter whose client has just gone: its handler
@@ -241,6 +362,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checker_checks_while_another_zones_lock_is_stuck),
+        cmocka_unit_test(test_grant_woken_after_its_waker_died),
+        cmocka_unit_test(test_watcher_that_left_without_the_lock_is_replaced),
         cmocka_unit_test(test_grant_to_a_gone_client_goes_on),
         cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
     };

@@ -90,9 +90,11 @@ static inline void wait_until_queued(at_zone_t *z, apr_uint32_t n)
     assert_int_equal(queued_now(z), n);
 }
 
-/* Fork a child that takes a slot for client (NULL: nobody) and never gives
- * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
-static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
+/* Fork a child that takes a slot for client (NULL: nobody), says so, and
+ * then does what then says with it (NULL: keeps it and exits at once). */
+static inline pid_t fork_holder_then(at_zone_t *z, const at_client_key_t *client,
+                                     void (*then)(at_zone_t *, at_ticket_t *, void *),
+                                     void *arg)
 {
     int fd[2];
     char c;
@@ -106,8 +108,8 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
         if (write(fd[1], &c, 1) != 1) {
             _exit(2);
         }
-        while (stay) {
-            pause();
+        if (then) {
+            then(z, &t, arg);
         }
         _exit(0);
     }
@@ -116,6 +118,23 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
     close(fd[0]);
     close(fd[1]);
     return pid;
+}
+
+static inline void pause_for_ever(at_zone_t *z, at_ticket_t *t, void *arg)
+{
+    (void)z;
+    (void)t;
+    (void)arg;
+    for (;;) {
+        pause();
+    }
+}
+
+/* Fork a child that takes a slot for client (NULL: nobody) and never gives
+ * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
+static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
+{
+    return fork_holder_then(z, client, stay ? pause_for_ever : NULL, NULL);
 }
 
 /* Sends sig to a lock holder after 20 s, or lets it be as soon as told: a
