@@ -298,11 +298,12 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
 
 
 #ifdef AT_TEST_HOOKS
-/* Test builds only: called at each step of a hand-off of a slot, and after
- * each change of a waiting record's state (step: from * W_STATES + to), so
- * that a test can end the process there and see what lock repair and
- * reclaim make of it. */
-enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER };
+/* Test builds only: called at each step of a hand-off of a slot, after
+ * each change of a waiting record's state (step: from * W_STATES + to), and
+ * once the lock is let go, before the wake-ups held back under it are sent
+ * (step: how many), so that a test can end the process there and see what
+ * lock repair and reclaim make of it. */
+enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER, AT_STEP_WAKES };
 /* Test builds only: how many reclaim passes have looked at the records, and
  * how many times a request has waited for the zone's lock. */
 extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;

@@ -337,7 +337,7 @@ static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_f
     zone_here_t me;
     apr_int64_t now;
 
-    zone_here_join(&me, abort_fn, ctx, &word);
+    zone_here_join(&me, NULL, abort_fn, ctx, &word);
     while ((now = at_now_us()) < until_us) {
         apr_uint32_t seen = __atomic_load_n(&word, __ATOMIC_SEQ_CST);
         apr_int64_t wake = until_us;
@@ -345,7 +345,7 @@ static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_f
         if (zone_here_gone(&me, now, &wake)) {
             zone_here_leave(&me);
             if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
-                z->counters.aborted++;
+                __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
                 zone_unlock(z);
             }
             return AT_ABORTED;

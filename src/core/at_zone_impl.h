@@ -13,6 +13,7 @@
 #include "at_owner.h"
 #include "at_retry.h"
 #include "at_sensor.h"
+#include "at_tuning.h"
 
 #include <pthread.h>
 
@@ -373,19 +374,30 @@ void zone_log_window(const at_zone_t *z, const window_note_t *note);
 /* at_zone_reclaim.c: giving back what dead processes held */
 apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_pid);
 int zone_take_reclaim_if_due(at_zone_t *z, apr_int64_t now);
+/* Without the lock: nobody looked for the dead for four intervals (the
+ * watcher left without the lock, died, stalls, or never learned its turn). */
+static inline int zone_reclaim_late(const at_zone_t *z, apr_int64_t now)
+{
+    return now - __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED)
+           >= 4 * AT_RECLAIM_INTERVAL_US;
+}
 
 /* at_zone_wait.c: the requests waiting in this process (queued, or held
  * back by rate_delay=), one of which at a time looks at all their clients
- * every AT_CLIENT_CHECK_US and wakes those whose client has gone: the
- * others sleep until a reason. word: what the request sleeps on. */
+ * every AT_CLIENT_CHECK_US and wakes those whose client has gone, and
+ * looks for the dead of their zones when a zone's watcher is late: the
+ * others sleep until a reason. word: what the request sleeps on; z: the
+ * zone it is queued in (NULL: held back by rate_delay=). */
 typedef struct zone_here {
     struct zone_here *prev, *next;
+    at_zone_t *z;
     at_abort_fn fn;
     void *ctx;
     apr_uint32_t *word;
     int gone; /* its client has gone: set by the process's checker */
 } zone_here_t;
-void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word);
+void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
+                    apr_uint32_t *word);
 void zone_here_leave(zone_here_t *me);
 /* 1 if its client has gone; else *until is lowered to when this waiter
  * must look at the process's clients, if that is its turn. */

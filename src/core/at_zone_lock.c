@@ -259,7 +259,8 @@ static void tidy_left(at_zone_t *z)
         }
         else if (st == W_DROP) {
             zone_slot_put(z, w[i].slot);
-            z->counters.aborted++;
+            /* atomic: a waiter may count one without the lock */
+            __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
         }
         else if (st == W_OVER_ENDED) {
             z->over_cap--;

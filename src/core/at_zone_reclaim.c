@@ -104,6 +104,15 @@ apr_uint32_t at_test_reclaim_passes;
  * long a request may wait for the lock. */
 #define RECLAIM_TRY (-1)
 
+/* Lock held: a pass made because the watcher's were late (its hand-over
+ * wake-up may have been lost with its waker) wakes the watcher. */
+static void wake_late_watcher(at_zone_t *z)
+{
+    if (z->watcher != NONE && zone_reclaim_late(z, at_now_us())) {
+        zone_wake_word(&waiters(z)[z->watcher].wake);
+    }
+}
+
 static int reclaim_lock(at_zone_t *z, apr_int64_t until_us)
 {
     return until_us == RECLAIM_TRY ? zone_trylock(z) : zone_lock_until(z, until_us);
@@ -123,14 +132,22 @@ apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_p
     }
     COUNT_RECLAIM_PASS();
     if (!only_pid) {
+        wake_late_watcher(z);
         z->last_reclaim_us = at_now_us();
     }
     for (i = 0; i < z->nslots; i++) {
         owner_set_add(&all, &slots(z)[i].owner, only_pid);
     }
     for (i = 0; i < z->nwaiters; i++) {
-        if (waiters(z)[i].state != W_FREE) {
-            owner_set_add(&all, &waiters(z)[i].owner, only_pid);
+        at_waiter_t *w = &waiters(z)[i];
+
+        if (w->state == W_GRANTED || w->state == W_EVICTED) {
+            /* its waker lets the lock go before it wakes it, and may have
+             * died in between: a wake-up again, spurious at worst */
+            zone_wake_word(&w->wake);
+        }
+        if (w->state != W_FREE) {
+            owner_set_add(&all, &w->owner, only_pid);
         }
     }
     for (i = 0; i < AT_BODY_RECORDS; i++) {

@@ -93,6 +93,7 @@ void zone_wake_word(apr_uint32_t *word)
 
 void zone_send_wakes(void)
 {
+    AT_STEP(AT_STEP_WAKES, ndeferred_wakes);
     for (int i = 0; i < ndeferred_wakes; i++) {
         futex_wake(deferred_wakes[i], 1);
     }

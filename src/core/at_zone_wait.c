@@ -3,8 +3,9 @@
  * lock until it is handed a slot, evicted, its deadline passes (CoDel's or
  * its own) or its client goes; one that cannot get the lock in time leaves
  * without it. Idle waiters cost no wake-ups: one waiter of each process
- * looks at the clients of all (zone_here_*), one waiter of each zone looks
- * for the dead (z->watcher).
+ * looks at the clients of all (zone_here_*), also while it waits for a
+ * lock, one waiter of each zone looks for the dead (z->watcher), and the
+ * former backs up the latter.
  */
 #include "at_zone_impl.h"
 #include "at_tuning.h"
@@ -17,6 +18,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
+{
+    return a < b ? a : b;
+}
 
 /* ---- the requests waiting in this process ---------------------------- */
 
@@ -48,11 +54,13 @@ static void here_wake(zone_here_t *e)
 #endif
 }
 
-void zone_here_join(zone_here_t *me, at_abort_fn fn, void *ctx, apr_uint32_t *word)
+void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
+                    apr_uint32_t *word)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
 
     pthread_once(&once, here_watch_forks);
+    me->z = z;
     me->fn = fn;
     me->ctx = ctx;
     me->word = word;
@@ -99,9 +107,29 @@ void zone_here_leave(zone_here_t *me)
     pthread_mutex_unlock(&here.mu);
 }
 
+/* The zones of this process's waiters whose dead nobody looked for lately,
+ * a few at a check. */
+#define LATE_ZONES 4
+typedef struct {
+    at_zone_t *z[LATE_ZONES];
+    int n;
+} late_zones_t;
+
+static void late_zones_add(late_zones_t *late, at_zone_t *z, apr_int64_t now)
+{
+    for (int i = 0; i < late->n; i++) {
+        if (late->z[i] == z) {
+            return;
+        }
+    }
+    if (late->n < LATE_ZONES && zone_reclaim_late(z, now)) {
+        late->z[late->n++] = z;
+    }
+}
+
 /* Lock held: asks every waiting request whether its client has gone, and
- * wakes those whose has. */
-static void here_check_clients(zone_here_t *me)
+ * wakes those whose has; notes the zones they wait in that are late. */
+static void here_check_clients(zone_here_t *me, apr_int64_t now, late_zones_t *late)
 {
     for (zone_here_t *e = here.first; e; e = e->next) {
         if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
@@ -110,18 +138,23 @@ static void here_check_clients(zone_here_t *me)
                 here_wake(e);
             }
         }
+        if (e->z) {
+            late_zones_add(late, e->z, now);
+        }
     }
 }
 
 int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
 {
+    late_zones_t late = {.n = 0};
+
     pthread_mutex_lock(&here.mu);
     if (!here.checker) {
         here.checker = me;
     }
     if (here.checker == me) {
         if (now >= here.next_check_us) {
-            here_check_clients(me);
+            here_check_clients(me, now, &late);
             here.next_check_us = now + AT_CLIENT_CHECK_US;
         }
         if (here.next_check_us < *until) {
@@ -129,7 +162,55 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
         }
     }
     pthread_mutex_unlock(&here.mu);
+    /* A late zone's watcher left without the lock, died, or sleeps unaware:
+     * the pass's lock names another (the tidy) and wakes it. Never waiting
+     * for the lock: the checker must not stall. */
+    for (int i = 0; i < late.n; i++) {
+        at_zone_reclaim_nowait(late.z[i]);
+    }
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
+}
+
+/* 1 if its client has gone: the checker saw it, or it asks itself now. */
+static int here_client_gone(zone_here_t *me)
+{
+    int gone;
+
+    pthread_mutex_lock(&here.mu);
+    gone = __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) || (me->fn && me->fn(me->ctx));
+    __atomic_store_n(&me->gone, gone, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&here.mu);
+    return gone;
+}
+
+/* Waits for the zone's lock until until_us, in turns of a check: the
+ * process's checker looks at the clients between them, as a lock held by
+ * a stopped process must not leave the clients of its other waiters
+ * (other zones', rate_delay's) unwatched; and the duty may pass to this
+ * waiter while it waits. One whose client has gone waits as long as a
+ * request that is done does (AT_RELEASE_LOCK_US), then leaves without. */
+static int lock_checking(at_zone_t *z, zone_here_t *me, apr_int64_t until_us)
+{
+    for (;;) {
+        apr_int64_t now = at_now_us(), turn = earlier(until_us, now + AT_CLIENT_CHECK_US);
+        int rc;
+
+        if (zone_here_gone(me, now, &turn)) {
+            until_us = earlier(until_us, now + AT_RELEASE_LOCK_US);
+            turn = earlier(turn, until_us);
+        }
+        rc = zone_lock_until(z, turn);
+        if (rc != ETIMEDOUT || turn >= until_us) {
+            return rc;
+        }
+    }
+}
+
+/* How long the checker may spend on a reclaim: until its next check. */
+static apr_int64_t reclaim_until(zone_here_t *me, apr_int64_t until_us)
+{
+    zone_here_gone(me, at_now_us(), &until_us);
+    return until_us;
 }
 
 /* ---- a queued request ------------------------------------------------ */
@@ -174,12 +255,28 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
     if (refused != AT_ABORTED) {
         __atomic_add_fetch(&z->counters.rejected_locked, 1, __ATOMIC_RELAXED);
     }
+    else if (to != W_DROP) { /* the tidy counts a dropped slot */
+        __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
+    }
     return refused;
 }
 
-static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
+/* Lock held: a waiter whose client has gone leaves, and a slot it was
+ * granted meanwhile goes on to the next: no handler runs for nobody. */
+static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
 {
-    return a < b ? a : b;
+    at_waiter_t *w = &waiters(z)[wi];
+
+    if (w->state == W_GRANTED) {
+        zone_slot_put(z, w->slot);
+        zone_dispatch(z);
+    }
+    else if (w->state == W_WAITING) {
+        zone_waiter_leave_queue(z, wi);
+    }
+    zone_waiter_free(z, wi);
+    __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
+    return AT_ABORTED;
 }
 
 /* A waiter sleeps without the lock until something it must act on under the
@@ -189,8 +286,9 @@ static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
  * queue may come to stand), or a duty: the zone's watcher looks for the
  * dead every interval (and with mem= or a replaced zone dispatches every
  * slice), and the process's checker looks at its clients (and for the
- * dead every fourth interval, in case the watcher is the one that died).
- * 1 if its client has gone. */
+ * dead of their zones after four intervals with none, in case a watcher
+ * died, left or never learned its turn). 1 if its client has gone (a slot
+ * granted meanwhile is then passed on). */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
                          apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
@@ -201,15 +299,17 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         deadline = at_codel_deadline(&z->codel, start, full_deadline, now,
                                      __atomic_load_n(&z->typical_service_us, __ATOMIC_RELAXED));
         watcher = __atomic_load_n(&z->watcher, __ATOMIC_RELAXED) == wi;
-        last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
             || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
-            return 0;
+            return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED
+                   && here_client_gone(me);
         }
         until = deadline;
         if (zone_here_gone(me, now, &until)) {
             return 1; /* before any duty: it leaves at once */
         }
+        /* read after the check, which may have reclaimed this zone */
+        last = __atomic_load_n(&z->last_reclaim_us, __ATOMIC_RELAXED);
         if (now - last >= AT_RECLAIM_INTERVAL_US * (watcher ? 1 : 4)) {
             return 0;
         }
@@ -245,15 +345,24 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         mem_read_t m;
 
         zone_mem_read_before_lock(z, &m);
-        if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+        if ((rc = lock_checking(z, me, full_deadline)) != 0) {
             zone_mem_after_unlock(z, &m);
-            return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_REJECTED_LOCKED)
-                                   : AT_ERROR;
+            if (rc != ETIMEDOUT) {
+                return AT_ERROR;
+            }
+            return leave_without_lock(z, w, t, here_client_gone(me) ? AT_ABORTED
+                                                                    : AT_REJECTED_LOCKED);
         }
         zone_mem_apply_locked(z, &m);
         now = at_now_us();
         if (z->qhead == wi || z->watcher == wi) {
             zone_dispatch(z); /* memory, or a replaced zone, frees without a release here */
+        }
+        if (w->state == W_GRANTED && __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE)) {
+            at_result_t r = leave_for_gone_client(z, wi);
+
+            zone_unlock_after_mem(z, &m);
+            return r;
         }
         if (w->state == W_GRANTED) {
             t->slot = w->slot;
@@ -288,25 +397,19 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         zone_unlock_after_mem(z, &m);
 
         if (do_reclaim) {
-            zone_reclaim(z, full_deadline, 0);
+            zone_reclaim(z, reclaim_until(me, full_deadline), 0);
             continue;
         }
         gave_up = wait_unlocked(z, w, wi, seen, start, full_deadline, me);
         if (gave_up) {
-            if ((rc = zone_lock_until(z, full_deadline)) != 0) {
+            at_result_t r;
+
+            if ((rc = lock_checking(z, me, full_deadline)) != 0) {
                 return rc == ETIMEDOUT ? leave_without_lock(z, w, t, AT_ABORTED) : AT_ERROR;
             }
-            if (w->state == W_GRANTED) {
-                zone_slot_put(z, w->slot); /* granted as the client left */
-                zone_dispatch(z);
-            }
-            else if (w->state == W_WAITING) {
-                zone_waiter_leave_queue(z, wi);
-            }
-            zone_waiter_free(z, wi);
-            z->counters.aborted++;
+            r = leave_for_gone_client(z, wi);
             zone_unlock(z);
-            return AT_ABORTED;
+            return r;
         }
     }
 }
@@ -318,7 +421,7 @@ at_result_t zone_wait_for_slot(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     zone_here_t me;
     at_result_t r;
 
-    zone_here_join(&me, abort_fn, ctx, &waiters(z)[wi].wake);
+    zone_here_join(&me, z, abort_fn, ctx, &waiters(z)[wi].wake);
     r = wait_in_queue(z, t, wi, start, timeout_us, &me);
     zone_here_leave(&me);
     return r;

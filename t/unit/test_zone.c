@@ -460,32 +460,6 @@ static void test_stopped_lock_holder_bounds_waits(void **state)
     zone_free(z);
 }
 
-/* Sends sig to a lock holder after 20 s, or lets it be as soon as told: a
- * build that waits for the lock for ever fails the test, not hangs it, and
- * `fired` says whether the wait ended only because the holder went on. */
-typedef struct {
-    pid_t holder;
-    int sig;
-    int go;
-    int fired;
-} cont_arg_t;
-
-static void *cont_later(void *arg)
-{
-    cont_arg_t *c = arg;
-
-    for (int i = 0; i < 20000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
-        usleep(1000);
-    }
-    if (!__atomic_load_n(&c->go, __ATOMIC_SEQ_CST)) {
-        __atomic_store_n(&c->fired, 1, __ATOMIC_SEQ_CST);
-    }
-    if (c->sig) {
-        kill(c->holder, c->sig);
-    }
-    return NULL;
-}
-
 /* A request that is done gives its slot back though a stopped process
  * holds the lock: it waits AT_RELEASE_LOCK_US at most (its worker and its
  * client's connection with it), and the next holder frees the slot. */

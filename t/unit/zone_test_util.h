@@ -90,9 +90,11 @@ static inline void wait_until_queued(at_zone_t *z, apr_uint32_t n)
     assert_int_equal(queued_now(z), n);
 }
 
-/* Fork a child that takes a slot for client (NULL: nobody) and never gives
- * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
-static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
+/* Fork a child that takes a slot for client (NULL: nobody), says so, and
+ * then does what then says with it (NULL: keeps it and exits at once). */
+static inline pid_t fork_holder_then(at_zone_t *z, const at_client_key_t *client,
+                                     void (*then)(at_zone_t *, at_ticket_t *, void *),
+                                     void *arg)
 {
     int fd[2];
     char c;
@@ -106,8 +108,8 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
         if (write(fd[1], &c, 1) != 1) {
             _exit(2);
         }
-        while (stay) {
-            pause();
+        if (then) {
+            then(z, &t, arg);
         }
         _exit(0);
     }
@@ -116,6 +118,49 @@ static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int
     close(fd[0]);
     close(fd[1]);
     return pid;
+}
+
+static inline void pause_for_ever(at_zone_t *z, at_ticket_t *t, void *arg)
+{
+    (void)z;
+    (void)t;
+    (void)arg;
+    for (;;) {
+        pause();
+    }
+}
+
+/* Fork a child that takes a slot for client (NULL: nobody) and never gives
+ * it back: it exits at once (stay 0) or waits to be killed (stay 1). */
+static inline pid_t fork_holder(at_zone_t *z, const at_client_key_t *client, int stay)
+{
+    return fork_holder_then(z, client, stay ? pause_for_ever : NULL, NULL);
+}
+
+/* Sends sig to a lock holder after 20 s, or lets it be as soon as told: a
+ * build that waits for the lock for ever fails the test, not hangs it, and
+ * `fired` says whether the wait ended only because the holder went on. */
+typedef struct {
+    pid_t holder;
+    int sig;
+    int go;
+    int fired;
+} cont_arg_t;
+
+static inline void *cont_later(void *arg)
+{
+    cont_arg_t *c = arg;
+
+    for (int i = 0; i < 20000 && !__atomic_load_n(&c->go, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    if (!__atomic_load_n(&c->go, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->fired, 1, __ATOMIC_SEQ_CST);
+    }
+    if (c->sig) {
+        kill(c->holder, c->sig);
+    }
+    return NULL;
 }
 
 /* A child that takes the zone's lock and is stopped holding it (SIGSTOP,

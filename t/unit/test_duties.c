@@ -1,0 +1,372 @@
+/*
+ * The duties of idle waiters, with processes stopped or dying at the worst
+ * step: the process's checker, which looks at the clients of every request
+ * waiting in its process (whatever zone they wait in), and backs up the
+ * zones' watchers; the watcher, which looks for the dead; the wake-ups a
+ * hand-off sends after letting the lock go; and a slot handed to a request
+ * whose client has gone. Each test ends its threads and processes before
+ * it asserts, so that a failure leaves nothing behind for the next.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "at_tuning.h"
+#include "at_zone.h"
+#include "zone_test_util.h"
+
+#define MS 1000
+#define LONG (60000 * MS)
+#define DIED 42 /* a child's exit code: it died at the step */
+
+/* A request on a thread of this process; its client goes when gone is set. */
+typedef struct {
+    at_zone_t *z;
+    int priority;
+    apr_int64_t timeout_us;
+    int gone;
+    at_result_t result;
+    apr_int64_t wait_us;
+    pthread_t th;
+} req_t;
+
+static int client_gone(void *ctx)
+{
+    return __atomic_load_n(&((req_t *)ctx)->gone, __ATOMIC_SEQ_CST);
+}
+
+static void *request(void *p)
+{
+    req_t *a = p;
+    at_ticket_t t;
+    at_request_t rq = {.may_wait = 1, .priority = a->priority, .timeout_us = a->timeout_us};
+
+    a->result = at_zone_acquire_req(a->z, &t, &rq, client_gone, a);
+    a->wait_us = t.wait_us;
+    if (a->result == AT_ADMITTED || a->result == AT_QUEUED) {
+        at_zone_release(a->z, &t);
+    }
+    return NULL;
+}
+
+/* Starts a request and returns once it is the queue's n-th. */
+static void start_queued(req_t *a, at_zone_t *z, int priority, apr_int64_t timeout_us,
+                         apr_uint32_t n)
+{
+    a->z = z;
+    a->priority = priority;
+    a->timeout_us = timeout_us;
+    a->gone = 0;
+    a->result = AT_ERROR;
+    assert_int_equal(pthread_create(&a->th, NULL, request, a), 0);
+    wait_until_queued(z, n);
+}
+
+static void end_request(req_t *a)
+{
+    __atomic_store_n(&a->gone, 1, __ATOMIC_SEQ_CST);
+    pthread_join(a->th, NULL);
+}
+
+/* This process's checker: a request queued first, in a zone of its own,
+ * behind a slot the test holds. */
+typedef struct {
+    at_zone_t *z;
+    at_ticket_t hold;
+    req_t r;
+} checker_t;
+
+static void start_checker(checker_t *c)
+{
+    c->z = zone_new(1, 1, LONG);
+    assert_non_null(c->z);
+    assert_int_equal(at_zone_acquire(c->z, &c->hold, NULL, NULL), AT_ADMITTED);
+    start_queued(&c->r, c->z, 0, LONG, 1);
+    usleep(100 * MS); /* it joins the process's waiters just after queueing */
+}
+
+static void end_checker(checker_t *c)
+{
+    end_request(&c->r);
+    at_zone_release(c->z, &c->hold);
+    zone_free(c->z);
+}
+
+static void end_process(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* 1. The checker, a waiter of zone A, waits for A's lock, which a stopped
+ * process holds: the client of a request waiting in zone B, in the same
+ * process, is still seen to go within a few checks, not at the checker's
+ * deadline nor its own. Then the checker's own client goes: it leaves
+ * without the lock, as a release would, not at its deadline, and counts
+ * as aborted. */
+static void test_checker_checks_while_another_zones_lock_is_stuck(void **state)
+{
+    at_zone_t *a = zone_new(1, 1, LONG), *b = zone_new(1, 1, LONG);
+    at_ticket_t ha, hb;
+    req_t ra, rb;
+    cont_arg_t c = {0, SIGCONT, 0, 0};
+    pthread_t th;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(a, &ha, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire(b, &hb, NULL, NULL), AT_ADMITTED);
+    start_queued(&ra, a, 0, 30000 * MS, 1); /* the checker, and A's watcher */
+    usleep(100 * MS);
+    start_queued(&rb, b, 0, 10000 * MS, 1);
+    c.holder = fork_stopped_lock_holder(a);
+    usleep(4 * AT_RECLAIM_INTERVAL_US); /* A's watcher has gone for the lock */
+    __atomic_store_n(&rb.gone, 1, __ATOMIC_SEQ_CST);
+    pthread_join(rb.th, NULL);
+    assert_int_equal(pthread_create(&th, NULL, cont_later, &c), 0);
+    end_request(&ra);
+    __atomic_store_n(&c.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+
+    assert_int_equal(at_zone_debug_take_lock(a), APR_SUCCESS); /* once the holder let go */
+    at_zone_debug_release_lock(a);
+    at_zone_release(a, &ha);
+    end_process(c.holder);
+    at_zone_release(b, &hb);
+    assert_int_equal(rb.result, AT_ABORTED); /* not its 10 s timeout */
+    assert_int_equal(stats_of(b).counters.aborted, 1);
+    assert_int_equal(ra.result, AT_ABORTED);
+    assert_false(c.fired); /* it left while the holder was stopped */
+    assert_int_equal(stats_of(a).counters.aborted, 1);
+    assert_int_equal(stats_of(a).queued, 0);
+    assert_int_equal(stats_of(a).active, 0);
+    assert_int_equal(stats_of(b).active, 0);
+    zone_free(a);
+    zone_free(b);
+}
+
+/* Ends the process as it lets the lock go, with wake-ups still to send. */
+static void die_with_wakes_unsent(int where, int step)
+{
+    if (where == AT_STEP_WAKES && step > 0) {
+        _exit(DIED);
+    }
+}
+
+/* Once told, gives the slot back and dies between letting the lock go and
+ * waking the waiter it handed the slot to. */
+static void release_and_die(at_zone_t *z, at_ticket_t *t, void *go)
+{
+    while (!__atomic_load_n((int *)go, __ATOMIC_SEQ_CST)) {
+        usleep(1000);
+    }
+    at_test_step_hook = die_with_wakes_unsent;
+    at_zone_release(z, t);
+}
+
+/* 2. The releaser dies after letting the lock go, before it wakes the
+ * waiter it granted the slot to; that waiter is neither its process's
+ * checker nor the zone's watcher. The watcher's next pass wakes it: it
+ * runs well before its deadline instead of holding the slot idle. */
+static void test_grant_woken_after_its_waker_died(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    int *go = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    checker_t c;
+    req_t watcher, granted;
+    pid_t releaser;
+    int st;
+    (void)state;
+
+    assert_true(go != MAP_FAILED);
+    *go = 0;
+    releaser = fork_holder_then(z, NULL, release_and_die, go);
+    start_checker(&c);
+    start_queued(&watcher, z, 0, LONG, 1);
+    start_queued(&granted, z, 5, 10000 * MS, 2); /* the queue's head */
+    usleep(300 * MS); /* asleep */
+    __atomic_store_n(go, 1, __ATOMIC_SEQ_CST);
+    assert_int_equal(waitpid(releaser, &st, 0), releaser);
+    pthread_join(granted.th, NULL);
+
+    end_request(&watcher);
+    end_checker(&c);
+    munmap(go, sizeof(int));
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == DIED);
+    assert_int_equal(granted.result, AT_QUEUED);
+    if (granted.wait_us >= 5000 * MS) {
+        fail_msg("the granted waiter slept %lld ms, to its deadline",
+                 (long long)(granted.wait_us / MS));
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* 3. The zone's watcher leaves without the lock (its deadline passed while
+ * a stopped process held it); the stopped process goes on and lets the
+ * lock go, and nobody else takes it. A holder then dies: the checker of a
+ * process with a waiter in the zone, itself waiting in another zone, sees
+ * the zone's reclaim late and makes the pass, so that the slot reaches the
+ * waiter left, long before its deadline. */
+static void test_watcher_that_left_without_the_lock_is_replaced(void **state)
+{
+    at_zone_t *z = zone_new(2, 4, LONG);
+    at_ticket_t hold;
+    checker_t c;
+    req_t left, patient;
+    pid_t holder, stopped;
+    (void)state;
+
+    holder = fork_holder(z, NULL, 1);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    start_checker(&c);
+    start_queued(&left, z, 0, 1500 * MS, 1); /* the watcher */
+    start_queued(&patient, z, 0, 20000 * MS, 2);
+    stopped = fork_stopped_lock_holder(z);
+    pthread_join(left.th, NULL);
+    kill(stopped, SIGCONT); /* lets the lock go, and pauses */
+    end_process(holder);
+    pthread_join(patient.th, NULL);
+
+    end_checker(&c);
+    end_process(stopped);
+    at_zone_release(z, &hold);
+    assert_int_equal(left.result, AT_REJECTED_LOCKED);
+    assert_int_equal(patient.result, AT_QUEUED); /* not its 20 s timeout */
+    assert_int_equal(stats_of(z).counters.reclaimed, 1);
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).queued, 0);
+    zone_free(z);
+}
+
+/* 4. A slot is handed to a waiter whose client has just gone: its handler
+ * does not run for nobody; the slot goes on to the next waiter. */
+static void test_grant_to_a_gone_client_goes_on(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    at_ticket_t hold;
+    req_t gone, next;
+    at_zone_stats_t s;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    start_queued(&gone, z, 0, 20000 * MS, 1);
+    start_queued(&next, z, 0, 20000 * MS, 2);
+    usleep(100 * MS); /* asleep */
+    /* the client goes as the slot is handed over, before any check */
+    __atomic_store_n(&gone.gone, 1, __ATOMIC_SEQ_CST);
+    at_zone_release(z, &hold);
+    pthread_join(gone.th, NULL);
+    pthread_join(next.th, NULL);
+
+    s = stats_of(z);
+    assert_int_equal(gone.result, AT_ABORTED);
+    assert_int_equal(next.result, AT_QUEUED);
+    assert_int_equal(s.counters.aborted, 1);
+    assert_int_equal(s.counters.admitted, 2); /* the holder and the next */
+    assert_int_equal(s.active, 0);
+    zone_free(z);
+}
+
+/* What a waiter in a child process shares with the test. */
+typedef struct {
+    int gone;
+} shared_client_t;
+
+static int shared_client_gone(void *ctx)
+{
+    return __atomic_load_n(&((shared_client_t *)ctx)->gone, __ATOMIC_SEQ_CST);
+}
+
+/* A child that waits in the queue and exits with its result. */
+static pid_t fork_waiter(at_zone_t *z, apr_int64_t timeout_us, shared_client_t *client)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        at_ticket_t t;
+        at_request_t rq = {.may_wait = 1, .timeout_us = timeout_us};
+        at_result_t r = at_zone_acquire_req(z, &t, &rq, shared_client_gone, client);
+
+        _exit((int)r);
+    }
+    return pid;
+}
+
+/* A process asleep in the queue stopped, not while it takes the lock. */
+static void stop_asleep(at_zone_t *z, pid_t pid)
+{
+    for (int i = 0; i < 50; i++) {
+        int st;
+
+        kill(pid, SIGSTOP);
+        assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
+        if (!stats_of(z).stale) {
+            return;
+        }
+        kill(pid, SIGCONT);
+        usleep(10 * MS);
+    }
+    fail_msg("the waiter kept the lock");
+}
+
+/* 4, without the lock: a waiter granted while it was stopped finds the
+ * lock held by a stopped process, and its client goes while it waits for
+ * it. At its deadline it leaves without the lock: it drops the slot for
+ * the next holder to give back, rather than keep it for nobody. */
+static void test_gone_client_drops_a_grant_without_the_lock(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    shared_client_t *client = mmap(NULL, sizeof(*client), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_ticket_t hold;
+    pid_t waiter, stopped;
+    int st;
+    (void)state;
+
+    assert_true(client != MAP_FAILED);
+    client->gone = 0;
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    waiter = fork_waiter(z, 4000 * MS, client);
+    wait_until_queued(z, 1);
+    usleep(100 * MS);
+    stop_asleep(z, waiter);
+    at_zone_release(z, &hold); /* granted, asleep */
+    stopped = fork_stopped_lock_holder(z);
+    kill(waiter, SIGCONT); /* wakes, its client still there, waits for the lock */
+    usleep(500 * MS);
+    __atomic_store_n(&client->gone, 1, __ATOMIC_SEQ_CST);
+    assert_int_equal(waitpid(waiter, &st, 0), waiter);
+
+    kill(stopped, SIGCONT);
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED); /* tidies */
+    at_zone_release(z, &hold);
+    end_process(stopped);
+    munmap(client, sizeof(*client));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), AT_ABORTED);
+    assert_int_equal(stats_of(z).counters.aborted, 1);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checker_checks_while_another_zones_lock_is_stuck),
+        cmocka_unit_test(test_grant_woken_after_its_waker_died),
+        cmocka_unit_test(test_watcher_that_left_without_the_lock_is_replaced),
+        cmocka_unit_test(test_grant_to_a_gone_client_goes_on),
+        cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
+    };
+
+    return cmocka_run_group_tests_name("duties", tests, NULL, NULL);
+}
