@@ -24,6 +24,24 @@ bench_setup() {
 bench_cpus() { awk '$1 == "Cpus_allowed_list:" {print $2}' /proc/self/status; }
 bench_ncpus() { nproc; }
 
+# bench_split_cpus: sets client_cpus and server_cpus (taskset lists) for a
+# scenario that keeps its clients off the server's cores: the clients on the
+# first core this run may use, the server on the others (both on the one
+# core when there is one).
+bench_split_cpus() {
+    local ids
+    ids=$(bench_cpus | tr ',' '\n' | awk -F- '{ for (i = $1; i <= ($2 == "" ? $1 : $2); i++) print i }')
+    client_cpus=$(head -n 1 <<< "$ids")
+    # the rest as a list again, runs of cores as ranges: 1-3,5
+    server_cpus=$(tail -n +2 <<< "$ids" | awk '
+        function run() { return first (last > first ? "-" last : "") }
+        NR > 1 && $1 == last + 1 { last = $1; next }
+        NR > 1 { out = out (out == "" ? "" : ",") run() }
+        { first = last = $1 }
+        END { if (NR) print out (out == "" ? "" : ",") run() }')
+    [ -n "$server_cpus" ] || server_cpus=$client_cpus
+}
+
 # bench_version NAME: the version of httpd, php, haproxy, nginx, wrk or
 # redis-server installed here, or "absent".
 bench_version() {
@@ -49,35 +67,105 @@ bench_version() {
 # "core 1", "cores 0-1": a taskset list in words.
 bench_cores_named() { case $1 in *[,-]*) echo "cores $1" ;; *) echo "core $1" ;; esac; }
 
-# bench_env [SERVER_CPUS CLIENT_CPUS]: the paragraph every report starts
-# with, under its title: what it ran on, read from the machine when the
-# report is written. The arguments are the taskset lists a scenario pins its
-# server and clients to; with none, both share the cores this run may use.
+# The commit of the tree the run measures, "+dirty" when files differ from
+# it outside docs/benchmarks (which the runs write themselves), "unknown"
+# out of git.
+bench_commit() {
+    local c
+    c=$(git rev-parse --short HEAD 2>/dev/null) || { echo unknown; return; }
+    [ -z "$(git status --porcelain --untracked-files=no -- . ':!docs/benchmarks' 2>/dev/null)" ] ||
+        c="$c+dirty"
+    echo "$c"
+}
+
+# bench_env_record DIR [SERVER_CPUS CLIENT_CPUS]: what a run runs on, noted
+# in DIR/env (KEY=VALUE lines) as it starts. Its report reads it back
+# (bench_env DIR), never the tree or the machine at report time: a report
+# made again from a run's files names what that run measured. SERVER_CPUS
+# and CLIENT_CPUS are the taskset lists the scenario pins its server and
+# clients to; without them both share the cores the run may use.
+bench_env_record() {
+    local dir=$1 t
+    mkdir -p "$dir"
+    {
+        echo "commit=$(bench_commit)"
+        echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo "kernel=$(uname -r)"
+        echo "cpu_model=$(awk -F': *' '$1 ~ /^model name/ {print $2; exit}' /proc/cpuinfo)"
+        echo "machine=$(uname -m)"
+        echo "cores_online=$(getconf _NPROCESSORS_ONLN)"
+        echo "cpus=$(bench_cpus)"
+        echo "ncpus=$(bench_ncpus)"
+        echo "server_cpus=${2:-}"
+        echo "client_cpus=${3:-}"
+        echo "module=${BENCH_MODULE:-}"
+        for t in httpd php haproxy nginx wrk redis-server; do
+            echo "$t=$(bench_version "$t")"
+        done
+    } > "$dir/env.tmp"
+    mv "$dir/env.tmp" "$dir/env"
+}
+
+# bench_env_get DIR KEY: one value of a run's recorded environment.
+bench_env_get() {
+    [ -r "$1/env" ] || {
+        echo "bench: $1/env is missing: that run did not record its environment; run it again" >&2
+        return 1
+    }
+    sed -n "s/^$2=//p" "$1/env" | head -n 1
+}
+
+# bench_env DIR: the paragraph every report starts with, under its title:
+# the environment the run in DIR recorded when it started (bench_env_record).
 # bench/BenchEnv.pm gives the Perl reports this same paragraph.
 bench_env() {
-    local commit pins cpu t v tools=""
-    # The run writes docs/benchmarks itself: only changes elsewhere make the
-    # measured tree differ from the commit.
-    if commit=$(git rev-parse --short HEAD 2>/dev/null); then
-        [ -z "$(git status --porcelain --untracked-files=no -- . ':!docs/benchmarks' 2>/dev/null)" ] ||
-            commit="$commit+dirty"
-        commit="commit \`$commit\`"
+    local dir=${1:?bench_env: the run directory whose env to read} commit pins t tools=""
+    commit=$(bench_env_get "$dir" commit) || return 1
+    case $commit in
+    unknown|"") commit="an unknown commit (out of git)" ;;
+    *) commit="commit \`$commit\`" ;;
+    esac
+    if [ -n "$(bench_env_get "$dir" server_cpus)" ]; then
+        pins="server on $(bench_cores_named "$(bench_env_get "$dir" server_cpus)"),"
+        pins="$pins clients on $(bench_cores_named "$(bench_env_get "$dir" client_cpus)")"
     else
-        commit="an unknown commit (git rev-parse failed)"
+        pins="server and clients sharing $(bench_cores_named "$(bench_env_get "$dir" cpus)")"
     fi
-    if [ $# -ge 2 ]; then
-        pins="server on $(bench_cores_named "$1"), clients on $(bench_cores_named "$2")"
-    else
-        pins="server and clients sharing $(bench_cores_named "$(bench_cpus)")"
-    fi
-    cpu=$(awk -F': *' '$1 ~ /^model name/ {print $2; exit}' /proc/cpuinfo)
+    t=$(bench_env_get "$dir" module)
+    [ -z "$t" ] || pins="$pins; the module from $t"
     for t in httpd:httpd php:PHP haproxy:HAProxy nginx:nginx wrk:wrk redis-server:redis-server; do
-        tools="$tools, ${t#*:} $(bench_version "${t%%:*}")"
+        tools="$tools, ${t#*:} $(bench_env_get "$dir" "${t%%:*}")"
     done
-    printf 'Ran on %s, %s; Linux %s; %s, %s cores online; %s%s; %s.\n\n' \
-        "$commit" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -r)" "${cpu:-$(uname -m)}" \
-        "$(getconf _NPROCESSORS_ONLN)" "$pins" \
-        "${BENCH_MODULE:+; the module from $BENCH_MODULE}" "${tools#, }"
+    t=$(bench_env_get "$dir" cpu_model)
+    printf 'Ran on %s, %s; Linux %s; %s, %s cores online; %s; %s.\n\n' \
+        "$commit" "$(bench_env_get "$dir" date)" "$(bench_env_get "$dir" kernel)" \
+        "${t:-$(bench_env_get "$dir" machine)}" "$(bench_env_get "$dir" cores_online)" \
+        "$pins" "${tools#, }"
+}
+
+# bench_envs LABEL=DIR...: the paragraph of a report made from several runs
+# (one per MPM, one per application): one paragraph when they ran on the
+# same commit, machine and tools (the first run's date), else one for each,
+# headed by its label.
+bench_envs() {
+    local a first="" same=1 dir
+    for a in "$@"; do
+        dir=${a#*=}
+        [ -r "$dir/env" ] || { bench_env_get "$dir" commit; return 1; }
+        if [ -z "$first" ]; then
+            first=$dir
+        elif ! cmp -s <(grep -v '^date=' "$first/env") <(grep -v '^date=' "$dir/env"); then
+            same=0
+        fi
+    done
+    if [ "$same" = 1 ]; then
+        bench_env "$first"
+        return
+    fi
+    for a in "$@"; do
+        printf '%s: ' "${a%%=*}"
+        bench_env "${a#*=}" || return 1
+    done
 }
 
 # bench_start NAME PORT MPM "MODULES" "CONFIGURATION"
@@ -208,7 +296,8 @@ bench_dokuwiki() {
 }
 
 # WordPress from Debian's archive on a private MariaDB in DIR (its data in
-# DIR/mysql, its socket in DIR/run, no network, on core 1 beside httpd),
+# DIR/mysql, its socket in DIR/run, no network, on the server's cores
+# ($server_cpus) beside httpd),
 # configured as /etc/wordpress/config-s9-bench.php (httpd: SetEnv
 # WORDPRESS_CONFIG s9-bench), with S9's heavy post (bench/s9-wordpress.php).
 # Sets wordpress_page (under Alias /wordpress /usr/share/wordpress) and
@@ -221,7 +310,7 @@ bench_wordpress() {
         mariadb-install-db --no-defaults --user=mysql --datadir="$dir/mysql" \
             --auth-root-authentication-method=socket >"$dir/install.log" 2>&1
     fi
-    taskset -c 1 mariadbd --no-defaults --user=mysql --datadir="$dir/mysql" \
+    taskset -c "${server_cpus:-1}" mariadbd --no-defaults --user=mysql --datadir="$dir/mysql" \
         --socket="$dir/run/mysql.sock" --pid-file="$dir/run/mysql.pid" --skip-networking \
         --log-error="$dir/run/mysql.err" --max-connections=400 >/dev/null 2>&1 &
     mariadb_pid=$!
