@@ -26,11 +26,9 @@
 
 #include <apr.h>
 
-/* The others a server keeps of a zone: a fleet of more has shares fair
- * over the first AT_CLUSTER_PEERS_MAX + 1 listed only (the cap still
- * holds: the store grants). Redis's load bounds a fleet below it at the
- * shortest periods (docs/cluster.md). */
-#define AT_CLUSTER_PEERS_MAX 255
+/* The other members a server counts per zone: a fleet beyond it is
+ * counted (members) but shares are planned over this many (logged). */
+#define AT_CLUSTER_PEERS_MAX 256
 #define AT_CLUSTER_ID_MAX 64
 /* Defaults: a sync every 200 ms, each waiting at most 50 ms for Redis; a
  * lease of AT_CLUSTER_LEASE_PERIODS periods. */
@@ -79,7 +77,7 @@ typedef struct {
     apr_uint32_t want;          /* what the last plan asked for */
     apr_uint32_t limit;         /* the local limit the glue last set */
     apr_uint32_t members;       /* members last seen, this one included */
-    apr_uint32_t npeers;        /* rows in peers */
+    apr_uint32_t npeers;        /* rows in peers: members - 1, at most PEERS_MAX */
     apr_int32_t fallback;       /* running the fallback now */
     apr_int32_t last_result;    /* AT_CLUSTER_NEVER, _OK, _FAILED */
     apr_int64_t lease_until_us; /* local clock; 0: no lease */
@@ -134,12 +132,12 @@ apr_uint32_t at_cluster_grant(apr_uint32_t total, apr_uint64_t others, apr_uint3
                               apr_uint32_t want);
 
 /* What the store answers: the share granted, when its rows began (a
- * store restarted empty begins anew), and the other members' rows, of
- * which the glue keeps AT_CLUSTER_PEERS_MAX at most; members counts them
- * all, this server included (0: npeers + 1), for the even fallback. */
+ * store restarted empty begins anew), and the other members' rows: npeers
+ * of them in peers, of others in all (more than peers can hold). */
 typedef struct {
     apr_uint32_t grant;
-    apr_uint32_t npeers, members;
+    apr_uint32_t npeers;
+    apr_uint32_t others;
     apr_uint64_t born;
     const at_cluster_member_t *peers;
 } at_cluster_reply_t;

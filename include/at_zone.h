@@ -204,8 +204,10 @@ int at_zone_idle(const at_zone_t *z);
  * while it still has requests, or if there is none. */
 at_zone_t *at_zone_let_go_predecessor(at_zone_t *z);
 
-/* Apply a new definition in place, keeping slots, waiters and totals. It
- * never waits for the lock, which a stopped or hung process may hold: it
+/* Apply a new definition in place, keeping slots, waiters and totals.
+ * Writers from several processes take turns (another's copy is waited for,
+ * AT_PUBLISH_WAIT_US at most). It never waits for the lock, which a
+ * stopped or hung process may hold: it
  * returns APR_SUCCESS if the definition is in force, APR_EBUSY if the
  * process holding the lock (or the next to take it) will apply it. */
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);

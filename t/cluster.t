@@ -3,7 +3,11 @@
 # fleet, so the count is the fleet's, measured from outside the module: it
 # never exceeds the total while Redis answers; load on one server only
 # moves nearly all the total there; with Redis stopped each server runs
-# its cluster_fallback=; with Redis back the shares come back. Bad
+# its cluster_fallback=, and says why once; with Redis back the shares come
+# back. Children retiring, graceful restarts and a graceful stop under load
+# keep the fleet within the total (the sync runs in a process of the
+# parent's, not in a child). No CGI inherits a connection to Redis. A
+# restart that raises the total beyond the zone's memory lays it anew. Bad
 # configurations fail at configtest.
 use strict;
 use warnings FATAL => 'all';
@@ -14,9 +18,11 @@ use ThrottleT;
 use File::Temp qw(tempdir);
 use POSIX ();
 use Time::HiRes qw(time sleep);
+use IO::Select;
+use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 18, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 30, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -69,12 +75,11 @@ my $total = 6;
 my $probes = "$work/probes";
 mkdir $probes;
 chmod 0777, $probes;
-sub member {
-    # mod_cgi: mod_cgid's daemon restarts with a graceful restart, and the
-    # requests of that moment would fail rather than run
-    return private_server(cgi_conf($probes) . <<"CONF", cgi_not_cgid => 1);
-ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=200ms timeout=50ms prefix=t$rport
-ThrottleZone cz limit=$total queue=100 timeout=60s cluster=fleet cluster_fallback=1
+sub member_conf {
+    my ($limit, $prefix) = @_;
+    return cgi_conf($probes) . <<"CONF";
+ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=200ms timeout=50ms prefix=$prefix
+ThrottleZone cz limit=$limit queue=100 timeout=60s cluster=fleet cluster_fallback=1
 <Location /cgi-bin/>
     Throttle cz
 </Location>
@@ -82,6 +87,12 @@ ThrottleZone cz limit=$total queue=100 timeout=60s cluster=fleet cluster_fallbac
     SetHandler throttle-status
 </Location>
 CONF
+}
+sub member {
+    # mod_cgi: mod_cgid's daemon restarts with a graceful restart, and the
+    # requests of that moment would fail rather than run; and a CGI is
+    # then forked by the child that serves it, whose descriptors it sees
+    return private_server(member_conf($total, "t$rport"), cgi_not_cgid => 1);
 }
 my @s = map { member() } 1 .. 3;
 
@@ -91,16 +102,18 @@ ok t_cmp(wait_until(sub { !grep { stat_of($_, 'ClusterMembers') != 3 } @s }, 20)
          'each server sees the three members: '
          . join(' ', map { stat_of($_, 'ClusterMembers') } @s));
 
-# Clients on $srv for $secs: each asks for a probe that sleeps $ms.
+# Clients on $srv for $secs: each asks for a probe that sleeps $ms, counted
+# under $tag (fleet unless told).
 sub load {
-    my ($srvs, $clients, $secs, $ms) = @_;
+    my ($srvs, $clients, $secs, $ms, $tag) = @_;
+    $tag //= 'fleet';
     my @pids;
     for my $srv (@$srvs) {
         for my $c (1 .. $clients) {
             my $pid = fork // die "fork: $!";
             if (!$pid) {
                 my $end = time + $secs;
-                $srv->{get}->("/cgi-bin/probe.cgi?tag=fleet&sleep=$ms") while time < $end;
+                $srv->{get}->("/cgi-bin/probe.cgi?tag=$tag&sleep=$ms") while time < $end;
                 POSIX::_exit(0);
             }
             push @pids, $pid;
@@ -109,6 +122,37 @@ sub load {
     return @pids;
 }
 sub reap { waitpid $_, 0 for @_ }
+
+# No CGI inherits a connection to Redis: the sockets a CGI holds, looked up
+# in /proc/net/tcp, none with Redis's port at its other end. Many requests
+# on each server, so that the CGIs run in every child.
+sub redis_sockets {
+    my $peer = sprintf ':%04X', $rport;
+    my %inode;
+    for my $table ('/proc/net/tcp', '/proc/net/tcp6') {
+        open my $fh, '<', $table or next;
+        while (<$fh>) {
+            my @f = split;
+            $inode{$f[9]} = 1 if @f > 9 && $f[2] =~ /\Q$peer\E$/;
+        }
+    }
+    return \%inode;
+}
+my ($seen, $inherited) = (0, 0);
+for my $srv (@s) {
+    my @l = load([$srv], 6, 2, 0, 'fdload');
+    for (1 .. 30) {
+        my $body = $srv->{get}->('/cgi-bin/fds.cgi')->{body};
+        my $redis = redis_sockets();
+        for my $line (split /\n/, $body) {
+            $seen++;
+            $inherited++ if $line =~ /socket:\[(\d+)\]/ && $redis->{$1};
+        }
+    }
+    reap(@l);
+}
+ok t_cmp($seen > 0 && $inherited == 0 ? 1 : 0, 1,
+         "no CGI inherits a connection to Redis ($inherited of $seen descriptors are)");
 
 # Load on one server only: its share grows to nearly all of the total.
 my @l = load([$s[0]], 10, 8, 200);
@@ -154,11 +198,32 @@ ok t_cmp(join(' ', map { stat_of($_, 'Limit') } @s), '1 1 1',
          'the fallback is cluster_fallback=1');
 ok t_cmp(join(' ', map { stat_of($_, 'ClusterSyncOk') } @s), '0 0 0',
          'the status page shows the failed sync');
+# A warning with the error's text at the first failure of a run, and a
+# notice when a sync succeeds again: so every run of failures, including
+# a slow sync's on a loaded machine, logs one of each, and the outage one
+# warning still open (not one every period).
+my $failed_re = qr/\[\S*:warn\].*the sync with Redis failed: \w/;
+my $back_re = qr/\[\S*:notice\].*the sync with Redis works again/;
+sub count_in_log {
+    my ($srv, $re, $from) = @_;
+    return scalar(() = substr($srv->{log}->(), $from // 0) =~ /$re/g);
+}
+my @open = map { count_in_log($_, $failed_re) - count_in_log($_, $back_re) } @s;
+ok t_cmp("@open", '1 1 1', 'each server logs the failure once, at warning, with '
+         . "Redis's error: " . (($s[0]{log}->() =~ /the sync with Redis failed: ([^(]*)/)[0]
+                                // 'none logged')
+         . '(runs of failures logged: ' . join(' ', map { count_in_log($_, $failed_re) } @s)
+         . ')');
 
 # Redis back (empty): the shares come back, and follow the load again.
+my @mark = map { length $_->{log}->() } @s;
 redis_start();
 ok t_cmp(wait_until(sub { !grep { stat_of($_, 'ClusterFallback') != 0 } @s }, 15), 1,
          'Redis back: no server runs its fallback');
+my @back = map { count_in_log($s[$_], $back_re, $mark[$_]) >= 1
+                 && count_in_log($s[$_], $failed_re) - count_in_log($s[$_], $back_re) <= 1
+                 ? 1 : 0 } 0 .. $#s;
+ok t_cmp("@back", '1 1 1', 'each server logs the recovery as a notice, once a run');
 @l = load([$s[1]], 10, 8, 200);
 ok t_cmp(wait_until(sub { stat_of($s[1], 'Limit') >= $total - 2 }, 15), 1,
          'Redis back: the shares follow the load again: limits '
@@ -166,4 +231,116 @@ ok t_cmp(wait_until(sub { stat_of($s[1], 'Limit') >= $total - 2 }, 15), 1,
 reap(@l);
 (undef, $max) = probe_count_in($probes, 'fleet');
 ok t_cmp($max <= $total ? 1 : 0, 1, "in all, never more than $total at once (ran $max)");
-$_->{stop}->() for @s;
+
+# Children retiring under load, and graceful restarts: every child of the
+# first server retires after 1 connection, the second restarts gracefully
+# every 1.5 s, all three loaded with more than the total. The share of a
+# server whose syncing stopped would go to the others after a lease (2 s)
+# while it still ran it.
+sub set_conf {
+    my ($srv, $extra) = @_;
+    open my $fh, '>>', "$srv->{dir}/httpd.conf" or die;
+    print $fh "$extra\n";
+    close $fh;
+    kill 'USR1', $srv->{pid};
+}
+set_conf($s[0], 'MaxConnectionsPerChild 1');
+@l = (load([$s[0]], 8, 12, 300, 'churn'), load([@s[1, 2]], 5, 12, 300, 'churn'));
+my $restarts = 0;
+for (1 .. 7) {
+    sleep 1.5;
+    kill 'USR1', $s[1]{pid};
+    $restarts++;
+}
+reap(@l);
+(undef, $max) = probe_count_in($probes, 'churn');
+ok t_cmp($max <= $total ? 1 : 0, 1, "children retiring after 1 connection and $restarts "
+         . "graceful restarts under load: never more than $total at once (ran $max)");
+ok t_cmp($max >= $total - 1 ? 1 : 0, 1, "and the fleet ran near its total ($max): not all refused");
+
+# A graceful stop under load: the third server's requests (5 s each) run
+# to their end after it stops accepting, while the others ask for more. Its
+# share stays counted until they end.
+ok t_cmp(wait_until(sub { !grep { stat_of($_, 'ClusterSyncOk') != 1 } @s }, 15), 1,
+         'before the graceful stop, all syncing');
+my @long = load([$s[2]], 4, 1, 5000, 'drain');
+ok t_cmp(wait_until(sub { (probe_count_in($probes, 'drain'))[0] >= 1 }, 10), 1,
+         'the third server runs its long requests');
+@l = load([$s[0], $s[1]], 8, 9, 300, 'drain');
+sleep 0.5;
+kill 'WINCH', $s[2]{pid};
+reap(@l, @long);
+(undef, $max) = probe_count_in($probes, 'drain');
+ok t_cmp($max <= $total ? 1 : 0, 1,
+         "a graceful stop under load: never more than $total at once (ran $max)");
+wait_until(sub { !kill 0, $s[2]{pid} }, 20);
+$_->{stop}->() for @s[0, 1];
+
+# A graceful restart that raises the total beyond what the zone's shared
+# memory was laid for (64 slots for a total of 6): the zone is laid anew,
+# and a server alone runs the whole new total.
+my $alone = private_server(member_conf($total, "alone$rport"), cgi_not_cgid => 1);
+ok t_cmp(wait_until(sub { zone_stat($alone, 'cz', 'Limit') == $total }, 15), 1,
+         "a server alone runs the whole total ($total)");
+open my $cf, '<', "$alone->{dir}/httpd.conf" or die;
+my $conf = do { local $/; <$cf> };
+close $cf;
+$conf =~ s/limit=$total /limit=100 /;
+open $cf, '>', "$alone->{dir}/httpd.conf" or die;
+print $cf $conf;
+close $cf;
+kill 'USR1', $alone->{pid};
+ok t_cmp(wait_until(sub { zone_stat($alone, 'cz', 'Limit') == 100 }, 20), 1,
+         'the total raised to 100 by a graceful restart: it runs 100 (runs '
+         . zone_stat($alone, 'cz', 'Limit') . ')');
+$alone->{stop}->();
+
+# timeout= bounds the whole sync: through a link that delays each answer of
+# Redis by 60 ms, connecting, loading the script and running it take 120 ms
+# in all, over a timeout of 100 ms, though no one step does.
+sub slow_link {
+    my ($ms) = @_;
+    my $port = free_port();
+    my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port, Listen => 16,
+                                  ReuseAddr => 1) or die "listen: $!";
+    my $pid = fork // die "fork: $!";
+    if ($pid) {
+        close $l;
+        return ($port, $pid);
+    }
+    setpgrp(0, 0);
+    $SIG{CHLD} = 'IGNORE';
+    while (1) {
+        my $c = $l->accept or next;
+        my $k = fork // next;
+        if ($k) { close $c; next }
+        my $r = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport)
+            or POSIX::_exit(0);
+        my $sel = IO::Select->new($c, $r);
+        while (my @ready = $sel->can_read) {
+            for my $h (@ready) {
+                my $n = sysread($h, my $buf, 65536);
+                POSIX::_exit(0) unless $n;
+                if ($h == $r) { sleep $ms / 1000; syswrite($c, $buf) } else { syswrite($r, $buf) }
+            }
+        }
+        POSIX::_exit(0);
+    }
+}
+my ($lport, $lpid) = slow_link(60);
+my $slow = private_server(<<"CONF");
+ThrottleCluster slow redis://127.0.0.1:$lport/0 period=300ms timeout=100ms prefix=slow$rport
+ThrottleZone sz limit=4 cluster=slow
+<Location /ts>
+    SetHandler throttle-status
+</Location>
+CONF
+wait_until(sub { zone_stat($slow, 'sz', 'ClusterSyncFailures') >= 5 }, 10);
+ok t_cmp(zone_stat($slow, 'sz', 'ClusterSyncOk') . ' ' . zone_stat($slow, 'sz', 'ClusterMembers'),
+         '0 1', 'a sync of 120 ms over a timeout= of 100 ms counts as failed, every time '
+         . '(failures: ' . zone_stat($slow, 'sz', 'ClusterSyncFailures') . ')');
+ok t_cmp($slow->{log}->(), qr/the sync with Redis failed: .*no answer within timeout= \(100 ms\)/,
+         'and the log says the timeout ran out');
+$slow->{stop}->();
+kill 'TERM', -$lpid;
+waitpid $lpid, 0;

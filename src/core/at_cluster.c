@@ -68,27 +68,21 @@ static int before(const apr_uint32_t *wants, const apr_uint32_t *ranks, apr_uint
     return wants[a] != wants[b] ? wants[a] < wants[b] : ranks[a] < ranks[b];
 }
 
-/* Of the members not yet served (served[i] == 0), how many rank before me. */
-static apr_uint32_t rank_among(const apr_uint32_t *ranks, const int *served, apr_uint32_t n,
-                               apr_uint32_t me)
+/* Served members are those up to last in that order (n: none yet). */
+static int unserved(const apr_uint32_t *wants, const apr_uint32_t *ranks, apr_uint32_t n,
+                    apr_uint32_t last, apr_uint32_t i)
 {
-    apr_uint32_t i, r = 0;
-
-    for (i = 0; i < n; i++) {
-        r += !served[i] && ranks[i] < ranks[me];
-    }
-    return r;
+    return last == n || before(wants, ranks, last, i);
 }
 
 apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
                                    const apr_uint32_t *wants, const apr_uint32_t *ranks,
                                    apr_uint32_t n, apr_uint32_t me)
 {
-    int served[AT_CLUSTER_PEERS_MAX + 1] = {0};
     apr_uint64_t remaining = total;
-    apr_uint32_t k = n, mine = 0, i, step;
+    apr_uint32_t k = n, mine = 0, i, step, last = n, r = 0;
 
-    if (n == 0 || me >= n || n > AT_CLUSTER_PEERS_MAX + 1) {
+    if (n == 0 || me >= n) {
         return 0;
     }
     if ((apr_uint64_t)floor * n > total) {
@@ -102,7 +96,8 @@ apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
         apr_uint32_t low = n, w;
 
         for (i = 0; i < n; i++) {
-            if (!served[i] && (low == n || before(wants, ranks, i, low))) {
+            if (unserved(wants, ranks, n, last, i)
+                && (low == n || before(wants, ranks, i, low))) {
                 low = i;
             }
         }
@@ -110,22 +105,27 @@ apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
         if ((apr_uint64_t)w * k > remaining) {
             break;
         }
-        served[low] = 1;
+        last = low;
         remaining -= w;
         k--;
         if (low == me) {
             mine = w;
         }
     }
-    if (k > 0) {
-        /* the rest ask more than an even split: they get one each */
-        return served[me] ? mine
-                          : (apr_uint32_t)(remaining / k
-                                           + (rank_among(ranks, served, n, me) < remaining % k));
+    if (k == 0) {
+        /* every want served: what is left is split evenly, so that a
+         * burst anywhere starts at once */
+        return mine + (apr_uint32_t)(remaining / n + (ranks[me] < remaining % n));
     }
-    /* every want served: what is left is split evenly, so that a burst
-     * anywhere starts at once */
-    return mine + (apr_uint32_t)(remaining / n + (ranks[me] < remaining % n));
+    if (!unserved(wants, ranks, n, last, me)) {
+        return mine;
+    }
+    /* the rest ask more than an even split: they get one each, the odd
+     * units to the first in rank order */
+    for (i = 0; i < n; i++) {
+        r += unserved(wants, ranks, n, last, i) && ranks[i] < ranks[me];
+    }
+    return (apr_uint32_t)(remaining / k + (r < remaining % k));
 }
 
 apr_uint32_t at_cluster_target(const at_cluster_conf_t *c, at_cluster_state_t *st)
@@ -242,7 +242,7 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
     }
     memcpy(st->peers, r->peers, npeers * sizeof(*r->peers));
     st->npeers = npeers;
-    st->members = r->members > npeers + 1 ? r->members : npeers + 1;
+    st->members = (r->others > npeers ? r->others : npeers) + 1;
     st->share = grant;
     st->last_result = AT_CLUSTER_OK;
     st->last_ok_us = now_us;

@@ -225,9 +225,10 @@ struct at_zone {
      * ended since the reading are taken to have given back */
     at_memgate_t mem;
 
-    /* A definition the server's parent published without the lock (a
-     * child may hold it, stopped or hung): the next holder applies it.
-     * conf_seq is odd while the parent writes conf_pending. */
+    /* A definition published without the lock by the parent or the
+     * cluster's sync process (a child may hold it, stopped or hung): the
+     * next holder applies it. conf_seq is odd while a writer writes
+     * conf_pending. */
     apr_uint32_t conf_seq, conf_applied;
     at_zone_conf_t conf_pending;
     /* records left without the lock since the last tidy (W_LEFT...) */

@@ -10,6 +10,7 @@
 
 #include <apr_atomic.h>
 #include <apr_strings.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -263,16 +264,42 @@ at_zone_t *at_zone_let_go_predecessor(at_zone_t *z)
     return old;
 }
 
-/* Only the server's parent writes a definition, one restart at a time;
- * readers check the sequence around their copy (a seqlock). */
+/* Readers check the sequence around their copy (a seqlock). Writers are
+ * several (the parent at a restart and at its checks, the cluster's sync
+ * process): one owns the sequence while it is odd, taken by compare and
+ * swap, and the others wait for its copy. One left odd for
+ * AT_PUBLISH_WAIT_US (its writer died in the copy) is taken over. */
+static apr_uint32_t publish_begin(at_zone_t *z)
+{
+    apr_int64_t give_up = 0;
+
+    for (;;) {
+        apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED);
+        apr_uint32_t mine = seq & 1 ? seq + 2 : seq + 1;
+
+        if (seq & 1) {
+            if (!give_up) {
+                give_up = at_now_us() + AT_PUBLISH_WAIT_US;
+            }
+            if (at_now_us() < give_up) {
+                sched_yield();
+                continue;
+            }
+        }
+        if (__atomic_compare_exchange_n(&z->conf_seq, &seq, mine, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            return mine;
+        }
+    }
+}
+
 void zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
-    apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED);
+    apr_uint32_t mine = publish_begin(z);
 
-    __atomic_store_n(&z->conf_seq, seq + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(&z->conf_pending, c, sizeof(*c));
-    __atomic_store_n(&z->conf_seq, seq + 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&z->conf_seq, mine + 1, __ATOMIC_RELEASE);
 }
 
 /* Lock held: a definition published since the last one applied takes

@@ -1,27 +1,35 @@
 /*
  * ThrottleCluster and cluster= zones: one limit shared by a fleet of
  * servers through Redis (at_cluster.h has the rules). One sync per server
- * and period, from mod_watchdog's singleton thread in one child: a Lua
- * script run with EVALSHA writes this server's demand and share on a lease
- * and returns the others' in one round trip. The share is written into the
- * zone as its local limit, which every child's decision reads: no network
- * call on the request path.
+ * and period, from a process of its own that the parent forks at each
+ * (re)start and stops at the next: it never retires with a child, and it
+ * goes on through a graceful stop while requests drain. A Lua script run
+ * with EVALSHA writes this server's demand and share on a lease and returns
+ * the others' in one round trip. The share is written into the zone as its
+ * local limit, which every child's decision reads: no network call on the
+ * request path, and no child holds a Redis connection.
  */
 #include "httpd.h"
 #include "http_config.h"
 #include "http_log.h"
 #include "http_core.h"
 #include "http_main.h"
-#include "mod_watchdog.h"
+#include "ap_listen.h"
+#include "ap_mpm.h"
 #include "mpm_common.h"
 
 #include "apr_file_io.h"
 #include "apr_hash.h"
 #include "apr_shm.h"
 #include "apr_strings.h"
+#include "apr_thread_proc.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifdef HAVE_HIREDIS
@@ -34,7 +42,6 @@
 
 APLOG_USE_MODULE(adaptive_throttle);
 
-#define CLUSTER_WATCHDOG "_adaptive_throttle_cluster_"
 #define CLUSTER_RETAINED_PREFIX "mod_adaptive_throttle-cluster-1-"
 
 /* ThrottleCluster NAME URL [options] */
@@ -47,21 +54,29 @@ typedef struct {
     apr_int64_t period_us, timeout_us;
 } cluster_def_t;
 
-/* One cluster= zone of this configuration, as the watchdog sees it. */
+/* One cluster= zone of this configuration, as the sync process sees it. */
 typedef struct {
     zone_ref_t *ref;
     const cluster_def_t *def;
     at_cluster_conf_t conf;
     at_cluster_state_t *st; /* shared memory, kept across restarts */
     const char *keys[3];    /* the zone's rows, expiries and birth: one hash slot */
+    apr_int64_t next_us;    /* the next sync is due */
+    apr_uint64_t failed;    /* failures in a row: logged at the first and at the end */
+    int told_peers_max;     /* the fleet outgrew AT_CLUSTER_PEERS_MAX: said once */
+    int told_slots;         /* a share the zone could not take: said once */
+    char err[256];          /* why the last sync failed */
 #ifdef HAVE_HIREDIS
-    redisContext *redis;    /* in the child that runs the watchdog */
+    redisContext *redis;    /* in the sync process only */
     char sha[41];
 #endif
 } cluster_zone_t;
 
 static apr_hash_t *clusters;         /* name -> cluster_def_t *, this cycle */
 static apr_array_header_t *cl_zones; /* cluster_zone_t *, after post_config */
+static apr_proc_t *sync_proc;        /* this generation's sync process */
+static apr_pool_t *sync_pool;        /* and its configuration's pool */
+static int sync_stopping;            /* the generation ends: not started again */
 
 /* ---- configuration ----------------------------------------------------- */
 
@@ -146,7 +161,7 @@ static const char *cluster_option(cmd_parms *cmd, cluster_def_t *d, const char *
         const char *err = at_parse_duration(cmd->pool, v, &d->period_us);
 
         return err ? err : d->period_us < 100000 || d->period_us > 10000000
-                               ? "the period is from 100ms (mod_watchdog's tick) to 10s"
+                               ? "the period is from 100ms to 10s"
                                : NULL;
     }
     if (strncmp(opt, "timeout=", 8) == 0) {
@@ -286,7 +301,10 @@ void at_cluster_starting_conf(const zone_ref_t *ref, at_zone_t *kept, at_zone_co
  * the next generation continues the lease and the smoothed demand. */
 static at_cluster_state_t *state_for(server_rec *s, const char *zone, const char *id)
 {
-    const char *key = apr_pstrcat(s->process->pool, CLUSTER_RETAINED_PREFIX, zone, NULL);
+    /* the state's size in the key: a build of another layout, swapped in
+     * at a graceful restart, starts its own */
+    const char *key = apr_psprintf(s->process->pool, "%s%s-%" APR_SIZE_T_FMT,
+                                   CLUSTER_RETAINED_PREFIX, zone, sizeof(at_cluster_state_t));
     at_cluster_state_t **kept = ap_retained_data_get(key);
     apr_shm_t *shm;
 
@@ -356,49 +374,93 @@ static void redis_drop(cluster_zone_t *cz)
     }
 }
 
-/* A reply of the expected type, or a logged failure. */
-static redisReply *redis_call(cluster_zone_t *cz, int type, int argc, const char **argv)
+/* timeout= bounds the whole sync: each step waits only for what is left
+ * of it. 0 (with cz->err said) once it is spent. */
+static int time_left(cluster_zone_t *cz, apr_int64_t deadline, struct timeval *tv)
 {
-    redisReply *r = redisCommandArgv(cz->redis, argc, argv, NULL);
+    apr_int64_t left = deadline - at_now_us();
 
-    if (!r || r->type != type) {
-        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, ap_server_conf, "cluster %s, zone %s: "
-                     "Redis answered %s to %s", cz->def->name, cz->ref->name,
-                     !r ? cz->redis->errstr : r->type == REDIS_REPLY_ERROR ? r->str
-                                                                           : "another type",
-                     argv[0]);
-        if (r) {
-            freeReplyObject(r);
-        }
-        else {
-            redis_drop(cz); /* the connection is lost or out of step */
-        }
+    if (left <= 0) {
+        apr_snprintf(cz->err, sizeof(cz->err), "no answer within timeout= (%" APR_INT64_T_FMT
+                     " ms)", cz->def->timeout_us / 1000);
+        return 0;
+    }
+    *tv = tv_of(left);
+    return 1;
+}
+
+/* What hiredis says of a lost connection; one lost when the sync's time
+ * has run out timed out (the socket waited only for what was left). */
+static void note_io_error(cluster_zone_t *cz, const char *step, apr_int64_t deadline)
+{
+    if (at_now_us() >= deadline) {
+        apr_snprintf(cz->err, sizeof(cz->err), "%s: no answer within timeout= (%"
+                     APR_INT64_T_FMT " ms)", step, cz->def->timeout_us / 1000);
+    }
+    else {
+        apr_snprintf(cz->err, sizeof(cz->err), "%s: %s", step,
+                     cz->redis->errstr[0] ? cz->redis->errstr : "connection lost");
+    }
+}
+
+/* A command within the sync's time: its reply, NULL when there is none
+ * (a connection that lost one is dropped: lost or out of step). */
+static redisReply *redis_command(cluster_zone_t *cz, apr_int64_t deadline, int argc,
+                                 const char **argv)
+{
+    struct timeval tv;
+    redisReply *r;
+
+    if (!time_left(cz, deadline, &tv)) {
+        return NULL; /* nothing sent: the connection stays */
+    }
+    redisSetTimeout(cz->redis, tv);
+    if (!(r = redisCommandArgv(cz->redis, argc, argv, NULL))) {
+        note_io_error(cz, argv[0], deadline);
+        redis_drop(cz);
+    }
+    return r;
+}
+
+/* A reply of the expected type, or a failure said in cz->err. */
+static redisReply *redis_call(cluster_zone_t *cz, apr_int64_t deadline, int type, int argc,
+                              const char **argv)
+{
+    redisReply *r = redis_command(cz, deadline, argc, argv);
+
+    if (r && r->type != type) {
+        apr_snprintf(cz->err, sizeof(cz->err), "Redis answered %s to %s",
+                     r->type == REDIS_REPLY_ERROR ? r->str : "another type", argv[0]);
+        freeReplyObject(r);
         return NULL;
     }
     return r;
 }
 
-static int redis_connect(cluster_zone_t *cz)
+static int redis_connect(cluster_zone_t *cz, apr_int64_t deadline)
 {
     const cluster_def_t *d = cz->def;
-    struct timeval tv = tv_of(d->timeout_us);
     const char *script_load[] = {"SCRIPT", "LOAD", SCRIPT};
+    struct timeval tv;
     redisReply *r;
 
+    if (!time_left(cz, deadline, &tv)) {
+        return 0;
+    }
     cz->redis = d->socket ? redisConnectUnixWithTimeout(d->socket, tv)
                           : redisConnectWithTimeout(d->host, d->port, tv);
     if (!cz->redis || cz->redis->err) {
-        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, ap_server_conf, "cluster %s: cannot "
-                     "connect to Redis: %s", d->name,
+        apr_snprintf(cz->err, sizeof(cz->err), "cannot connect to Redis: %s",
                      cz->redis ? cz->redis->errstr : "out of memory");
         redis_drop(cz);
         return 0;
     }
-    redisSetTimeout(cz->redis, tv);
+    /* nothing this process starts may inherit the connection */
+    fcntl(cz->redis->fd, F_SETFD, fcntl(cz->redis->fd, F_GETFD) | FD_CLOEXEC);
     if (d->password) {
         const char *auth[] = {"AUTH", d->password};
 
-        if (!(r = redis_call(cz, REDIS_REPLY_STATUS, 2, auth))) {
+        if (!(r = redis_call(cz, deadline, REDIS_REPLY_STATUS, 2, auth))) {
             redis_drop(cz);
             return 0;
         }
@@ -409,14 +471,13 @@ static int redis_connect(cluster_zone_t *cz)
         const char *select[] = {"SELECT", db};
 
         apr_snprintf(db, sizeof(db), "%d", d->db);
-
-        if (!(r = redis_call(cz, REDIS_REPLY_STATUS, 2, select))) {
+        if (!(r = redis_call(cz, deadline, REDIS_REPLY_STATUS, 2, select))) {
             redis_drop(cz);
             return 0;
         }
         freeReplyObject(r);
     }
-    if (!(r = redis_call(cz, REDIS_REPLY_STRING, 3, script_load))) {
+    if (!(r = redis_call(cz, deadline, REDIS_REPLY_STRING, 3, script_load))) {
         redis_drop(cz);
         return 0;
     }
@@ -425,48 +486,24 @@ static int redis_connect(cluster_zone_t *cz)
     return 1;
 }
 
-/* One round trip (two if Redis lost the script); fills reply and peers. */
-static int redis_sync(cluster_zone_t *cz, apr_uint32_t hold, apr_uint32_t want,
-                      at_cluster_reply_t *reply, at_cluster_member_t *peers, apr_pool_t *p)
+/* The script's reply read into reply and peers (up to PEERS_MAX of the
+ * others; reply->others counts them all). */
+static int read_reply(cluster_zone_t *cz, const redisReply *r, at_cluster_reply_t *reply,
+                      at_cluster_member_t *peers)
 {
-    const at_cluster_state_t *st = cz->st;
-    const char *argv[] = {"EVALSHA", cz->sha, "3", cz->keys[0], cz->keys[1], cz->keys[2],
-                          st->id, apr_itoa(p, (int)st->demand), apr_itoa(p, (int)hold),
-                          apr_itoa(p, (int)want), apr_itoa(p, (int)cz->conf.total),
-                          apr_ltoa(p, (long)(cz->conf.lease_us / 1000)),
-                          apr_psprintf(p, "%" APR_UINT64_T_FMT, st->born)};
-    redisReply *r;
     size_t i;
 
-    if (!cz->redis && !redis_connect(cz)) {
-        return 0;
-    }
-    r = redisCommandArgv(cz->redis, 13, argv, NULL);
-    if (r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
-        freeReplyObject(r);
-        redis_drop(cz); /* Redis restarted: load the script again */
-        if (!redis_connect(cz)) {
-            return 0;
-        }
-        argv[1] = cz->sha;
-        r = redisCommandArgv(cz->redis, 13, argv, NULL);
-    }
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 2
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2
         || r->element[0]->type != REDIS_REPLY_INTEGER
         || r->element[1]->type != REDIS_REPLY_STRING) {
-        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, ap_server_conf, "cluster %s, zone %s: "
-                     "the sync failed: %s", cz->def->name, cz->ref->name,
-                     !r ? cz->redis->errstr
-                        : r->type == REDIS_REPLY_ERROR ? r->str : "an unexpected reply");
-        if (r) {
-            freeReplyObject(r);
-        }
-        redis_drop(cz);
+        apr_snprintf(cz->err, sizeof(cz->err), "the script answered %s",
+                     r->type == REDIS_REPLY_ERROR ? r->str : "something unexpected");
         return 0;
     }
     reply->grant = (apr_uint32_t)r->element[0]->integer;
     reply->born = apr_strtoi64(r->element[1]->str, NULL, 10);
     reply->npeers = 0;
+    reply->others = (apr_uint32_t)((r->elements - 2) / 3);
     reply->peers = peers;
     for (i = 2; i + 2 < r->elements && reply->npeers < AT_CLUSTER_PEERS_MAX; i += 3) {
         at_cluster_member_t *m = &peers[reply->npeers];
@@ -479,24 +516,101 @@ static int redis_sync(cluster_zone_t *cz, apr_uint32_t hold, apr_uint32_t want,
         m->share = (apr_uint32_t)r->element[i + 2]->integer;
         reply->npeers++;
     }
-    freeReplyObject(r);
     return 1;
+}
+
+/* One round trip (more if it must connect first, or Redis lost the
+ * script), all within deadline; fills reply and peers. */
+static int redis_sync(cluster_zone_t *cz, apr_int64_t deadline, apr_uint32_t hold,
+                      apr_uint32_t want, at_cluster_reply_t *reply,
+                      at_cluster_member_t *peers, apr_pool_t *p)
+{
+    const at_cluster_state_t *st = cz->st;
+    const char *argv[] = {"EVALSHA", cz->sha, "3", cz->keys[0], cz->keys[1], cz->keys[2],
+                          st->id, apr_itoa(p, (int)st->demand), apr_itoa(p, (int)hold),
+                          apr_itoa(p, (int)want), apr_itoa(p, (int)cz->conf.total),
+                          apr_ltoa(p, (long)(cz->conf.lease_us / 1000)),
+                          apr_psprintf(p, "%" APR_UINT64_T_FMT, st->born)};
+    redisReply *r;
+    int ok;
+
+    if (!cz->redis && !redis_connect(cz, deadline)) {
+        return 0;
+    }
+    r = redis_command(cz, deadline, 13, argv);
+    if (r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+        freeReplyObject(r);
+        redis_drop(cz); /* Redis restarted: load the script again */
+        if (!redis_connect(cz, deadline)) {
+            return 0;
+        }
+        argv[1] = cz->sha;
+        r = redis_command(cz, deadline, 13, argv);
+    }
+    if (!r) {
+        return 0;
+    }
+    ok = read_reply(cz, r, reply, peers);
+    freeReplyObject(r);
+    if (ok && at_now_us() > deadline) {
+        /* counted failed: the lease is judged from a sync within its time */
+        apr_snprintf(cz->err, sizeof(cz->err), "the answer came after timeout= (%"
+                     APR_INT64_T_FMT " ms)", cz->def->timeout_us / 1000);
+        ok = 0;
+    }
+    return ok;
 }
 #endif
 
-/* The zone runs n from now: published for the next holder of its lock. */
+/* The zone runs n from now: published for the next holder of its lock. A
+ * zone that cannot take n (its slots) keeps its limit, said once. */
 static void set_local_limit(cluster_zone_t *cz, apr_uint32_t n)
 {
     at_zone_conf_t c = cz->ref->conf;
 
     c.limit = n;
-    at_zone_reconfigure(cz->ref->zone, &c);
+    if (APR_STATUS_IS_EINVAL(at_zone_reconfigure(cz->ref->zone, &c)) && !cz->told_slots) {
+        cz->told_slots = 1;
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "zone %s: cannot run "
+                     "the share %u cluster %s gave it: more than its shared memory holds; "
+                     "it keeps its limit until httpd restarts", cz->ref->name, n,
+                     cz->def->name);
+    }
+}
+
+/* Redis's failures and recoveries: the first of a run, and its end. */
+static void log_sync_result(cluster_zone_t *cz, int ok)
+{
+    if (!ok && cz->failed++ == 0) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, ap_server_conf, "cluster %s, zone %s: "
+                     "the sync with Redis failed: %s (the share is kept while the lease "
+                     "lasts; further failures are not logged until a sync succeeds)",
+                     cz->def->name, cz->ref->name, cz->err);
+    }
+    else if (ok && cz->failed) {
+        ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, ap_server_conf, "cluster %s, zone %s: "
+                     "the sync with Redis works again, after %" APR_UINT64_T_FMT
+                     " failed", cz->def->name, cz->ref->name, cz->failed);
+        cz->failed = 0;
+    }
+}
+
+static void log_peers_max(cluster_zone_t *cz, const at_cluster_reply_t *reply)
+{
+    if (reply->others > AT_CLUSTER_PEERS_MAX && !cz->told_peers_max) {
+        cz->told_peers_max = 1;
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "cluster %s, zone %s: %u "
+                     "servers share it, more than the %d others a server plans over; "
+                     "they are counted, but this server's share is planned from %d of "
+                     "their demands", cz->def->name, cz->ref->name, reply->others + 1,
+                     AT_CLUSTER_PEERS_MAX, AT_CLUSTER_PEERS_MAX);
+    }
 }
 
 static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
 {
     at_cluster_state_t *st = cz->st;
-    at_cluster_member_t peers[AT_CLUSTER_PEERS_MAX];
+    at_cluster_member_t *peers = apr_palloc(p, AT_CLUSTER_PEERS_MAX * sizeof(*peers));
     at_cluster_reply_t reply = {0};
     at_cluster_plan_t plan;
     at_zone_glance_t g;
@@ -513,11 +627,17 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
     }
     sent = at_now_us();
 #ifdef HAVE_HIREDIS
-    ok = redis_sync(cz, at_cluster_hold(g.limit, g.running), plan.want, &reply, peers, p);
+    ok = redis_sync(cz, sent + cz->def->timeout_us, at_cluster_hold(g.limit, g.running),
+                    plan.want, &reply, peers, p);
 #else
+    apr_cpystrn(cz->err, "built without hiredis", sizeof(cz->err));
     (void)p;
     (void)peers;
 #endif
+    log_sync_result(cz, ok);
+    if (ok) {
+        log_peers_max(cz, &reply);
+    }
     was_fallback = st->fallback;
     next = at_cluster_after_sync(&cz->conf, st, ok, &reply, g.limit, sent, at_now_us());
     if (st->fallback != was_fallback) {
@@ -532,24 +652,165 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
     }
 }
 
-static apr_status_t cluster_tick(int state, void *data, apr_pool_t *pool)
-{
-    cluster_zone_t *cz = data;
+/* ---- the sync process -------------------------------------------------- */
 
-    if (state == AP_WATCHDOG_STATE_RUNNING && cz->st && cz->ref->zone) {
-        sync_zone(cz, pool);
+static volatile sig_atomic_t sync_stop;
+
+static void sync_on_signal(int sig)
+{
+    (void)sig;
+    sync_stop = 1;
+}
+
+/* httpd signals its process group too (a restart, a stop): this process
+ * ends at any of them but the graceful ones, which are its parent's alone. */
+static void sync_signals(void)
+{
+    struct sigaction sa;
+    sigset_t none;
+
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = sync_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = SIG_IGN;
+    sigaction(AP_SIG_GRACEFUL, &sa, NULL);
+    sigaction(SIGWINCH, &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* Every zone synced when due, until the parent stops this process or is
+ * gone. */
+static void sync_loop(apr_pool_t *p, pid_t parent)
+{
+    apr_pool_t *tick;
+    int i;
+
+    apr_pool_create(&tick, p);
+    while (!sync_stop && getppid() == parent) {
+        apr_int64_t now = at_now_us(), wake = now + 100 * APR_INT64_C(1000);
+
+        for (i = 0; i < cl_zones->nelts && !sync_stop; i++) {
+            cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
+
+            if (cz->next_us <= now) {
+                sync_zone(cz, tick);
+                apr_pool_clear(tick);
+                /* the next one a period after this one began: the cadence
+                 * does not drift with Redis's latency */
+                cz->next_us = now + cz->def->period_us;
+            }
+            if (cz->next_us < wake) {
+                wake = cz->next_us;
+            }
+        }
+        now = at_now_us();
+        if (wake > now && !sync_stop) {
+            apr_sleep(wake - now); /* a signal ends it early */
+        }
     }
+}
+
+static void sync_main(apr_pool_t *pconf, pid_t parent)
+{
+    int i;
+
+    sync_signals();
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    ap_close_listeners();
+    if (ap_run_drop_privileges(pconf, ap_server_conf) != 0) {
+        ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
+                     "process cannot drop its privileges: it stops");
+        _exit(1);
+    }
+    sync_loop(pconf, parent);
+    for (i = 0; i < cl_zones->nelts; i++) {
 #ifdef HAVE_HIREDIS
-    if (state == AP_WATCHDOG_STATE_STOPPING) {
-        redis_drop(cz);
-    }
+        redis_drop(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *));
 #endif
+    }
+    _exit(0); /* never the parent's cleanups */
+}
+
+static void sync_maint(int reason, void *data, apr_wait_t status);
+
+static void sync_start(apr_pool_t *pconf)
+{
+    pid_t parent = getpid();
+    apr_status_t rv;
+
+    sync_pool = pconf;
+    sync_proc = apr_pcalloc(pconf, sizeof(*sync_proc));
+    rv = apr_proc_fork(sync_proc, pconf);
+    if (rv == APR_INCHILD) {
+        sync_main(pconf, parent);
+    }
+    if (rv != APR_INPARENT) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, rv, ap_server_conf, "cannot start the cluster "
+                     "sync process: the cluster zones keep their limits until their lease "
+                     "ends, then run their fallback");
+        sync_proc = NULL;
+        return;
+    }
+    apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, pconf);
+}
+
+/* The parent reaped the sync process: it died on its own. Another, unless
+ * httpd stops or restarts. */
+static void sync_maint(int reason, void *data, apr_wait_t status)
+{
+    int mpm_state = AP_MPMQ_STOPPING;
+
+    if (reason != APR_OC_REASON_DEATH && reason != APR_OC_REASON_LOST) {
+        return;
+    }
+    apr_proc_other_child_unregister(data);
+    sync_proc = NULL;
+    ap_mpm_query(AP_MPMQ_MPM_STATE, &mpm_state);
+    if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
+        return;
+    }
+    ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
+                 "ended (status %d): starting another", (int)status);
+    sync_start(sync_pool);
+}
+
+/* Before the next generation reads its configuration: this one's sync
+ * process ends (within its timeout=, since it finishes the sync under
+ * way), waited for a bounded time, then killed. */
+static apr_status_t sync_stop_process(void *data)
+{
+    apr_interval_time_t waited = 0;
+    (void)data;
+
+    sync_stopping = 1;
+    if (!sync_proc) {
+        return APR_SUCCESS;
+    }
+    kill(sync_proc->pid, SIGTERM);
+    while (waitpid(sync_proc->pid, NULL, WNOHANG) == 0) {
+        if (waited >= apr_time_from_sec(2)) {
+            kill(sync_proc->pid, SIGKILL);
+            waitpid(sync_proc->pid, NULL, 0);
+            break;
+        }
+        apr_sleep(5000);
+        waited += 5000;
+    }
+    sync_proc = NULL;
     return APR_SUCCESS;
 }
 
-/* In the parent, about once a second: a zone whose lease ran out a period
- * ago without its sync noticing (the child running the watchdog hung or
- * died) lowers to its fallback, so that no share outlives its lease. */
+/* In the parent, at its checks (about every 10 s): a zone whose lease ran
+ * out a period ago without its sync noticing (the sync process hung, or
+ * died and could not be started again) lowers to its fallback, so that no
+ * share outlives its lease by more than that. */
 static int cluster_monitor(apr_pool_t *p, server_rec *s)
 {
     apr_int64_t now = at_now_us();
@@ -561,8 +822,11 @@ static int cluster_monitor(apr_pool_t *p, server_rec *s)
         at_cluster_state_t *st = cz->st;
         apr_uint32_t fallback;
 
+        /* a sync process that runs (failing or not) judges its lease
+         * itself: the parent writes only for one that stopped */
         if (!cz->ref->zone || !st->lease_until_us || st->fallback
-            || now < st->lease_until_us + cz->conf.period_us) {
+            || now < st->lease_until_us + cz->conf.period_us
+            || now - st->last_sync_us < cz->conf.lease_us) {
             continue;
         }
         /* never up from here: the parent looks once; a sync that runs
@@ -601,11 +865,8 @@ static cluster_zone_t *cluster_zone_make(server_rec *s, apr_pool_t *p, zone_ref_
 static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp,
                                server_rec *s)
 {
-    APR_OPTIONAL_FN_TYPE(ap_watchdog_get_instance) *get_instance;
-    APR_OPTIONAL_FN_TYPE(ap_watchdog_register_callback) *register_callback;
     apr_hash_t *refs = at_zone_refs();
     apr_hash_index_t *hi;
-    ap_watchdog_t *wd = NULL;
     char host[256] = "localhost";
     const char *id;
     (void)plog;
@@ -616,52 +877,40 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
     gethostname(host, sizeof(host) - 1);
     /* the parent's pid: the same across graceful restarts */
     id = apr_psprintf(pconf, "%s:%ld", host, (long)getpid());
-    get_instance = APR_RETRIEVE_OPTIONAL_FN(ap_watchdog_get_instance);
-    register_callback = APR_RETRIEVE_OPTIONAL_FN(ap_watchdog_register_callback);
     cl_zones = apr_array_make(pconf, 2, sizeof(cluster_zone_t *));
     for (hi = refs ? apr_hash_first(ptemp, refs) : NULL; hi; hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
-        const cluster_def_t *d;
         cluster_zone_t *cz;
 
-        if (!ref->cluster) {
+        if (!ref->cluster || !ref->zone) {
             continue;
         }
-        d = apr_hash_get(clusters, ref->cluster, APR_HASH_KEY_STRING);
-        if (!get_instance || !register_callback) {
-            ap_log_error(APLOG_MARK, APLOG_EMERG, 0, s, "ThrottleZone %s: cluster= needs "
-                         "mod_watchdog (built into Debian's apache2; else LoadModule "
-                         "watchdog_module)", ref->name);
-            return HTTP_INTERNAL_SERVER_ERROR;
-        }
-        if (!wd && get_instance(&wd, CLUSTER_WATCHDOG, 0, 1, pconf) != APR_SUCCESS) {
-            ap_log_error(APLOG_MARK, APLOG_EMERG, 0, s, "cannot get a watchdog for "
-                         "cluster= zones");
-            return HTTP_INTERNAL_SERVER_ERROR;
-        }
-        cz = cluster_zone_make(s, pconf, ref, d, id);
+        cz = cluster_zone_make(s, pconf, ref,
+                               apr_hash_get(clusters, ref->cluster, APR_HASH_KEY_STRING), id);
         if (!cz->st) {
             ap_log_error(APLOG_MARK, APLOG_EMERG, 0, s, "zone %s: no shared memory for "
                          "its cluster state", ref->name);
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         APR_ARRAY_PUSH(cl_zones, cluster_zone_t *) = cz;
-        register_callback(wd, d->period_us, cz, cluster_tick);
         ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: the fleet's limit %u shared "
                      "through cluster %s as %s, every %" APR_INT64_T_FMT " ms", ref->name,
-                     cz->conf.total, d->name, cz->st->id, d->period_us / 1000);
+                     cz->conf.total, cz->def->name, cz->st->id, cz->def->period_us / 1000);
+    }
+    sync_stopping = 0;
+    sync_proc = NULL;
+    if (cl_zones->nelts) {
+        apr_pool_cleanup_register(pconf, NULL, sync_stop_process, apr_pool_cleanup_null);
+        sync_start(pconf);
     }
     return OK;
 }
 
 void at_cluster_register_hooks(void)
 {
-    /* callbacks are registered before mod_watchdog counts them (the zones
-     * are attached later: a tick reads ref->zone) */
-    static const char *const before_watchdog[] = {"mod_watchdog.c", NULL};
-
     ap_hook_pre_config(cluster_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_check_config(cluster_check_config, NULL, NULL, APR_HOOK_MIDDLE);
-    ap_hook_post_config(cluster_post_config, NULL, before_watchdog, APR_HOOK_FIRST);
+    /* last: the zones are laid, and other modules' processes forked */
+    ap_hook_post_config(cluster_post_config, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_monitor(cluster_monitor, NULL, NULL, APR_HOOK_MIDDLE);
 }

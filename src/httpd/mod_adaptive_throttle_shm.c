@@ -187,7 +187,12 @@ int at_lay_zones(server_rec *s, apr_pool_t *ptemp)
         segment_t *fresh;
 
         at_cluster_starting_conf(ref, seg ? seg->zone : NULL, &conf);
-        rv = seg ? at_zone_reconfigure(seg->zone, &conf) : APR_EINVAL;
+        /* a cluster zone starts below its total: kept only if the whole
+         * total fits, or a share above its slots could not be run */
+        rv = APR_EINVAL;
+        if (seg && at_zone_can_hold(seg->zone, &ref->conf)) {
+            rv = at_zone_reconfigure(seg->zone, &conf);
+        }
 
         if (rv == APR_SUCCESS) {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s, "zone %s: kept across restart "

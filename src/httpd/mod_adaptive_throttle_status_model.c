@@ -149,7 +149,7 @@ static void fill_values(zone_view_t *z)
 #undef F_COUNTER_VALUE
 }
 
-/* cluster=: the sync's state, in the memory the watchdog writes. */
+/* cluster=: the sync's state, in the memory the sync process writes. */
 static void fill_cluster_values(zone_view_t *z, const zone_ref_t *ref)
 {
     apr_uint32_t total = 0;

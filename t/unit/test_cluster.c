@@ -345,7 +345,7 @@ static void test_members_beyond_the_rows_kept(void **state)
     r.peers = peers;
     at_cluster_after_sync(&c, &st, 1, &r, 0, 0, 1000);
     assert_int_equal(st.members, 4); /* no count given: the rows and itself */
-    r.members = 300;
+    r.others = 299;
     at_cluster_after_sync(&c, &st, 1, &r, 1, 2000, 3000);
     assert_int_equal(st.members, 300);
     assert_int_equal(at_cluster_fallback_limit(&c, &st), 2);
@@ -693,6 +693,35 @@ static void test_broken_grant_is_caught(void **state)
     assert_true(caught > 0);
 }
 
+/* A fleet of more than 64 servers: every member is counted (the even
+ * fallback divides by them all) and the share is planned over every
+ * demand, not the first 64 rows the store returned. */
+static void test_large_fleet_counted_whole(void **state)
+{
+    static at_cluster_state_t st;
+    static at_cluster_member_t peers[100];
+    at_cluster_conf_t c;
+    at_cluster_reply_t r = {0};
+    apr_uint32_t i;
+    (void)state;
+
+    at_cluster_conf_init(&c, 200, 0);
+    at_cluster_state_init(&st, "me");
+    for (i = 0; i < 100; i++) {
+        apr_snprintf(peers[i].id, sizeof(peers[i].id), "p%03u", i);
+        peers[i].demand = peers[i].share = 1;
+    }
+    r.grant = 100;
+    r.npeers = r.others = 100;
+    r.peers = peers;
+    at_cluster_note_demand(&st, 150, 0);
+    at_cluster_after_sync(&c, &st, 1, &r, 100, 0, 1);
+    assert_int_equal(st.members, 101);
+    /* 100 ask 1 each: the busy one runs what is left, 100 */
+    assert_int_equal(at_cluster_target(&c, &st), 100);
+    assert_int_equal(at_cluster_fallback_limit(&c, &st), 200 / 101);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -710,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_more_servers_than_the_total_keep_the_cap),
         cmocka_unit_test(test_random_fleets_keep_the_cap),
         cmocka_unit_test(test_broken_grant_is_caught),
+        cmocka_unit_test(test_large_fleet_counted_whole),
     };
 
     apr_initialize();
