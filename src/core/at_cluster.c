@@ -131,7 +131,7 @@ apr_uint32_t at_cluster_fair_share(apr_uint32_t total, apr_uint32_t floor,
 apr_uint32_t at_cluster_target(const at_cluster_conf_t *c, at_cluster_state_t *st)
 {
     apr_uint32_t wants[AT_CLUSTER_PEERS_MAX + 1], ranks[AT_CLUSTER_PEERS_MAX + 1];
-    apr_uint32_t n = st->npeers + 1, i, j;
+    apr_uint32_t n = st->npeers + 1, i, j, floor;
 
     for (i = 0; i < n; i++) {
         const char *id = i < st->npeers ? st->peers[i].id : st->id;
@@ -142,7 +142,10 @@ apr_uint32_t at_cluster_target(const at_cluster_conf_t *c, at_cluster_state_t *s
             ranks[i] += strcmp(j < st->npeers ? st->peers[j].id : st->id, id) < 0;
         }
     }
-    st->target = at_cluster_fair_share(c->total, c->floor, wants, ranks, n, st->npeers);
+    /* the floor is judged against the whole fleet, not the rows kept */
+    floor = (apr_uint64_t)c->floor * (st->members > n ? st->members : n) > c->total
+                ? 0 : c->floor;
+    st->target = at_cluster_fair_share(c->total, floor, wants, ranks, n, st->npeers);
     return st->target;
 }
 

@@ -344,10 +344,7 @@ static at_result_t wait_rate_turn(at_zone_t *z, apr_int64_t until_us, at_abort_f
 
         if (zone_here_gone(&me, now, &wake)) {
             zone_here_leave(&me);
-            if (zone_lock_until(z, at_now_us() + AT_RELEASE_LOCK_US) == 0) {
-                __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
-                zone_unlock(z);
-            }
+            __atomic_add_fetch(&z->counters.aborted, 1, __ATOMIC_RELAXED);
             return AT_ABORTED;
         }
         zone_sleep_on_word(&word, seen, wake - now);

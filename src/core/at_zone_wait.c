@@ -206,10 +206,15 @@ static int lock_checking(at_zone_t *z, zone_here_t *me, apr_int64_t until_us)
     }
 }
 
-/* How long the checker may spend on a reclaim: until its next check. */
+/* How long a waiter may spend on a reclaim: until its next look at its
+ * client, the checker's or its own; a reclaim that cannot have the lock
+ * by then is skipped, and the wait goes on checking. */
 static apr_int64_t reclaim_until(zone_here_t *me, apr_int64_t until_us)
 {
-    zone_here_gone(me, at_now_us(), &until_us);
+    apr_int64_t now = at_now_us();
+
+    until_us = earlier(until_us, now + AT_CLIENT_CHECK_US);
+    zone_here_gone(me, now, &until_us);
     return until_us;
 }
 

@@ -330,6 +330,29 @@ static void test_fallback_parse_and_limit(void **state)
 
 /* A fleet larger than the rows a server keeps: the even fallback still
  * splits the total by every member the store counted. */
+/* The floor of 1 is judged against the fleet counted, not the rows a
+ * server keeps: with 10 members and a total of 5, an idle server is not
+ * aimed at 1 even though it keeps only 3 others' rows. */
+static void test_floor_judged_on_the_whole_fleet(void **state)
+{
+    at_cluster_member_t peers[3] = {{"b", 5, 1}, {"c", 5, 1}, {"d", 5, 1}};
+    at_cluster_reply_t r = {0};
+    at_cluster_conf_t c;
+    at_cluster_state_t st;
+    (void)state;
+
+    at_cluster_conf_init(&c, 5, 0);
+    at_cluster_state_init(&st, "a");
+    r.grant = 1;
+    r.npeers = 3;
+    r.others = 9;
+    r.peers = peers;
+    at_cluster_after_sync(&c, &st, 1, &r, 0, 0, 1000);
+    st.demand = 0;
+    assert_int_equal(st.members, 10);
+    assert_int_equal(at_cluster_target(&c, &st), 0);
+}
+
 static void test_members_beyond_the_rows_kept(void **state)
 {
     at_cluster_member_t peers[3] = {{"b", 1, 1}, {"c", 1, 1}, {"d", 1, 1}};
@@ -729,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_grant_raises_only_into_free_capacity),
         cmocka_unit_test(test_fallback_parse_and_limit),
         cmocka_unit_test(test_members_beyond_the_rows_kept),
+        cmocka_unit_test(test_floor_judged_on_the_whole_fleet),
         cmocka_unit_test(test_even_fallback_keeps_the_cap),
         cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_shares_follow_demand),
