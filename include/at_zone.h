@@ -308,9 +308,10 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
  * (step: how many), so that a test can end the process there and see what
  * lock repair and reclaim make of it. */
 enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER, AT_STEP_WAKES };
-/* Test builds only: how many reclaim passes have looked at the records, and
- * how many times a request has waited for the zone's lock. */
-extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;
+/* Test builds only: how many reclaim passes have looked at the records, how
+ * many times a request has waited for the zone's lock, and how many times a
+ * waiter's word was moved to wake it (zone_wake_word). */
+extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count, at_test_wakes;
 extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */

@@ -105,7 +105,10 @@ typedef struct {
     apr_int32_t prev, next; /* queue links; next also links the free list */
     apr_int32_t priority;
     at_client_key_t client;
-    unsigned char client_pad[7];
+    unsigned char client_pad[3];
+    /* reclaim sent its wake-up again since it was granted or evicted:
+     * once is enough (0 on the free list) */
+    apr_uint32_t rewoken;
 } at_waiter_t;
 
 /* read_body_total=: a body read (or being read) before its request has a

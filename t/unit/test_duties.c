@@ -358,6 +358,63 @@ static void test_gone_client_drops_a_grant_without_the_lock(void **state)
     zone_free(z);
 }
 
+/* 5. Waiters granted their slots while stopped (SIGSTOP) do not take them
+ * for a while, and reclaim passes go on meanwhile: each pass finds them
+ * granted, but only the first sends their wake-ups again (in case their
+ * waker died before it sent them); the others send none. */
+static void test_reclaim_wakes_a_granted_waiter_once(void **state)
+{
+    enum { N = 3, PASSES = 5 };
+    at_zone_t *z = zone_new(N, N, LONG);
+    shared_client_t *client = mmap(NULL, sizeof(*client), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_ticket_t hold[N];
+    pid_t waiter[N];
+    apr_uint32_t wakes;
+    int st[N];
+    (void)state;
+
+    assert_true(client != MAP_FAILED);
+    client->gone = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(at_zone_acquire(z, &hold[i], NULL, NULL), AT_ADMITTED);
+    }
+    for (int i = 0; i < N; i++) {
+        waiter[i] = fork_waiter(z, LONG, client);
+        wait_until_queued(z, (apr_uint32_t)i + 1);
+    }
+    usleep(100 * MS);
+    for (int i = 0; i < N; i++) {
+        stop_asleep(z, waiter[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        at_zone_release(z, &hold[i]); /* granted, stopped */
+    }
+    wakes = __atomic_load_n(&at_test_wakes, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < PASSES; i++) {
+        at_zone_reclaim(z);
+    }
+    wakes = __atomic_load_n(&at_test_wakes, __ATOMIC_SEQ_CST) - wakes;
+    for (int i = 0; i < N; i++) {
+        kill(waiter[i], SIGCONT);
+        assert_int_equal(waitpid(waiter[i], &st[i], 0), waiter[i]);
+    }
+
+    at_zone_reclaim(z); /* the slots the exited waiters took */
+    munmap(client, sizeof(*client));
+    if (wakes != N) {
+        fail_msg("%d reclaim passes over %d granted waiters sent %u wake-ups, not %d",
+                 PASSES, N, wakes, N);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(WIFEXITED(st[i]));
+        assert_int_equal(WEXITSTATUS(st[i]), AT_QUEUED);
+    }
+    assert_int_equal(stats_of(z).counters.reclaimed, N);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_watcher_that_left_without_the_lock_is_replaced),
         cmocka_unit_test(test_grant_to_a_gone_client_goes_on),
         cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
+        cmocka_unit_test(test_reclaim_wakes_a_granted_waiter_once),
     };
 
     return cmocka_run_group_tests_name("duties", tests, NULL, NULL);
