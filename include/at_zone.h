@@ -312,6 +312,9 @@ enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER, AT_STEP_WAKES };
  * many times a request has waited for the zone's lock, and how many times a
  * waiter's word was moved to wake it (zone_wake_word). */
 extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count, at_test_wakes;
+/* Test builds only: how many times a process's checker has looked at the
+ * clients of its waiters (and for the late zones among theirs). */
+extern apr_uint32_t at_test_client_checks;
 extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */

@@ -248,6 +248,11 @@ struct at_zone {
      * in the parent's memory, the same in every child; the parent clears
      * it before it frees that zone. */
     at_zone_t *predecessor;
+    /* When a process's checker last made a pass here because the zone was
+     * late (zone_here_gone): the checkers take the zones tried longest ago
+     * first, so that late zones whose lock cannot be had do not keep the
+     * others waiting for ever. */
+    apr_int64_t late_tried_us;
 
     /* rate=: its definition, whether it goes by key (key=), and the
      * buckets: the zone's, or one per key in a table after the others */

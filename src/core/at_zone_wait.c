@@ -108,29 +108,58 @@ void zone_here_leave(zone_here_t *me)
 }
 
 /* The zones of this process's waiters whose dead nobody looked for lately,
- * a few at a check. */
+ * a few at a check: those tried longest ago by any checker. A late zone
+ * whose lock a stopped process holds stays late; it waits for its turn
+ * behind the others instead of keeping them waiting. */
 #define LATE_ZONES 4
 typedef struct {
     at_zone_t *z[LATE_ZONES];
+    apr_int64_t tried[LATE_ZONES];
     int n;
 } late_zones_t;
 
 static void late_zones_add(late_zones_t *late, at_zone_t *z, apr_int64_t now)
 {
+    apr_int64_t tried;
+    int newest = 0;
+
     for (int i = 0; i < late->n; i++) {
         if (late->z[i] == z) {
             return;
         }
     }
-    if (late->n < LATE_ZONES && zone_reclaim_late(z, now)) {
-        late->z[late->n++] = z;
+    if (!zone_reclaim_late(z, now)) {
+        return;
+    }
+    tried = __atomic_load_n(&z->late_tried_us, __ATOMIC_RELAXED);
+    if (late->n < LATE_ZONES) {
+        late->z[late->n] = z;
+        late->tried[late->n++] = tried;
+        return;
+    }
+    for (int i = 1; i < late->n; i++) {
+        if (late->tried[i] > late->tried[newest]) {
+            newest = i;
+        }
+    }
+    if (tried < late->tried[newest]) {
+        late->z[newest] = z;
+        late->tried[newest] = tried;
     }
 }
+
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_client_checks;
+#define COUNT_CLIENT_CHECK() __atomic_add_fetch(&at_test_client_checks, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_CLIENT_CHECK() ((void)0)
+#endif
 
 /* Lock held: asks every waiting request whether its client has gone, and
  * wakes those whose has; notes the zones they wait in that are late. */
 static void here_check_clients(zone_here_t *me, apr_int64_t now, late_zones_t *late)
 {
+    COUNT_CLIENT_CHECK();
     for (zone_here_t *e = here.first; e; e = e->next) {
         if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
             __atomic_store_n(&e->gone, 1, __ATOMIC_RELEASE);
@@ -166,6 +195,7 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
      * the pass's lock names another (the tidy) and wakes it. Never waiting
      * for the lock: the checker must not stall. */
     for (int i = 0; i < late.n; i++) {
+        __atomic_store_n(&late.z[i]->late_tried_us, now, __ATOMIC_RELAXED);
         at_zone_reclaim_nowait(late.z[i]);
     }
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);

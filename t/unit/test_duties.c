@@ -415,6 +415,89 @@ static void test_reclaim_wakes_a_granted_waiter_once(void **state)
     zone_free(z);
 }
 
+/* 6. Six zones of this process's waiters are late at once. The locks of
+ * four are held by stopped processes, so their late passes never get done
+ * and they stay late; in the other two the holder of the slot dies and the
+ * watcher is stopped. The process's checker makes the passes of those two
+ * within a few of its checks, not never: the four stuck ones, though they
+ * are older, do not take every turn. */
+static void test_every_late_zone_has_its_turn(void **state)
+{
+    enum { STUCK = 4, FREE = 2, ZONES = STUCK + FREE, MAX_CHECKS = 16 };
+    shared_client_t *client = mmap(NULL, sizeof(*client), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_zone_t *z[ZONES];
+    at_ticket_t hold[STUCK];
+    req_t r[ZONES];
+    pid_t locker[STUCK], holder[FREE], watcher[FREE];
+    apr_uint32_t checks = 0, first;
+    int done = 0;
+    (void)state;
+
+    assert_true(client != MAP_FAILED);
+    client->gone = 0;
+    for (int i = 0; i < STUCK; i++) { /* this process's first waiters */
+        z[i] = zone_new(1, 1, LONG);
+        assert_int_equal(at_zone_acquire(z[i], &hold[i], NULL, NULL), AT_ADMITTED);
+        start_queued(&r[i], z[i], 0, LONG, 1);
+        usleep(100 * MS);
+        locker[i] = fork_stopped_lock_holder(z[i]);
+    }
+    for (int j = 0; j < FREE; j++) {
+        at_zone_t *f = z[STUCK + j] = zone_new(1, 2, LONG);
+
+        holder[j] = fork_holder(f, NULL, 1);
+        watcher[j] = fork_waiter(f, LONG, client);
+        wait_until_queued(f, 1);
+        usleep(100 * MS);
+        stop_asleep(f, watcher[j]);
+        start_queued(&r[STUCK + j], f, 0, LONG, 2);
+    }
+    usleep(100 * MS);
+    for (int j = 0; j < FREE; j++) {
+        end_process(holder[j]);
+    }
+    first = __atomic_load_n(&at_test_client_checks, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 600 && checks <= MAX_CHECKS && done < FREE; i++) { /* 60 s */
+        usleep(100 * MS);
+        checks = __atomic_load_n(&at_test_client_checks, __ATOMIC_SEQ_CST) - first;
+        done = 0;
+        for (int j = 0; j < FREE; j++) {
+            done += stats_of(z[STUCK + j]).counters.reclaimed == 1;
+        }
+    }
+
+    for (int i = 0; i < STUCK; i++) {
+        kill(locker[i], SIGCONT); /* lets the lock go */
+    }
+    for (int i = 0; i < ZONES; i++) {
+        __atomic_store_n(&r[i].gone, 1, __ATOMIC_SEQ_CST);
+    }
+    for (int i = 0; i < ZONES; i++) {
+        pthread_join(r[i].th, NULL);
+    }
+    for (int i = 0; i < STUCK; i++) {
+        end_process(locker[i]);
+        at_zone_release(z[i], &hold[i]);
+    }
+    for (int j = 0; j < FREE; j++) {
+        end_process(watcher[j]);
+        at_zone_reclaim(z[STUCK + j]); /* the slot granted to the watcher */
+    }
+    munmap(client, sizeof(*client));
+    if (done < FREE) {
+        fail_msg("after %u checks, %d of %d late zones whose lock was free had their "
+                 "pass", checks, done, FREE);
+    }
+    print_message("the late passes came within %u checks\n", checks);
+    for (int i = 0; i < ZONES; i++) {
+        assert_int_equal(r[i].result, AT_ABORTED);
+        assert_int_equal(stats_of(z[i]).active, 0);
+        assert_int_equal(stats_of(z[i]).queued, 0);
+        zone_free(z[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -424,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_grant_to_a_gone_client_goes_on),
         cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
         cmocka_unit_test(test_reclaim_wakes_a_granted_waiter_once),
+        cmocka_unit_test(test_every_late_zone_has_its_turn),
     };
 
     return cmocka_run_group_tests_name("duties", tests, NULL, NULL);
