@@ -168,8 +168,9 @@ typedef struct {
 
 /* Called while a request waits; return non-zero when it should give up.
  * One thread of the process asks it for every request waiting there in
- * turn, so it may run on another thread than the request's: it must only
- * look (the request's thread sleeps meanwhile). */
+ * turn, so it may run on another thread than the request's, and at the
+ * same time as the request's own thread asks it: it must only look. It is
+ * called with no lock held, and should not block. */
 typedef int (*at_abort_fn)(void *ctx);
 
 /* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */

@@ -26,18 +26,25 @@ static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
 
 /* ---- the requests waiting in this process ---------------------------- */
 
+/* mu guards the list, never a look at a client (a system call in the
+ * glue): the checker lets it go around each look, with the entry it looks
+ * at pinned, which its waiter waits for before it leaves (unpinned). */
 static struct {
     pthread_mutex_t mu;
+    pthread_cond_t unpinned;
     zone_here_t *first, *last;
     zone_here_t *checker; /* the one that looks at every client */
     apr_int64_t next_check_us;
-} here = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0};
+    apr_uint32_t n;
+} here = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, NULL, 0, 0};
 
 /* A child forked while another thread waited has none of its waiters. */
 static void here_forget_after_fork(void)
 {
     pthread_mutex_init(&here.mu, NULL);
+    pthread_cond_init(&here.unpinned, NULL);
     here.first = here.last = here.checker = NULL;
+    here.n = 0;
 }
 
 static void here_watch_forks(void)
@@ -65,8 +72,10 @@ void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
     me->ctx = ctx;
     me->word = word;
     me->gone = 0;
+    me->pinned = 0;
     me->next = NULL;
     pthread_mutex_lock(&here.mu);
+    here.n++;
     me->prev = here.last;
     if (here.last) {
         here.last->next = me;
@@ -82,10 +91,16 @@ void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
     pthread_mutex_unlock(&here.mu);
 }
 
-/* The checker's turn passes to the newest waiter, woken to learn it. */
+/* The checker's turn passes to the newest waiter, woken to learn it. A
+ * waiter whose client the checker is looking at waits for the look: the
+ * checker goes on from its entry. */
 void zone_here_leave(zone_here_t *me)
 {
     pthread_mutex_lock(&here.mu);
+    while (me->pinned) {
+        pthread_cond_wait(&here.unpinned, &here.mu);
+    }
+    here.n--;
     if (me->prev) {
         me->prev->next = me->next;
     }
@@ -155,13 +170,30 @@ apr_uint32_t at_test_client_checks;
 #define COUNT_CLIENT_CHECK() ((void)0)
 #endif
 
-/* Lock held: asks every waiting request whether its client has gone, and
- * wakes those whose has; notes the zones they wait in that are late. */
+/* Lock held, let go for the look: 1 if e's client has gone. */
+static int here_look(zone_here_t *e)
+{
+    int gone;
+
+    e->pinned = 1;
+    pthread_mutex_unlock(&here.mu);
+    gone = e->fn(e->ctx);
+    pthread_mutex_lock(&here.mu);
+    e->pinned = 0;
+    pthread_cond_broadcast(&here.unpinned);
+    return gone;
+}
+
+/* Lock held (let go around each look): asks every waiting request whether
+ * its client has gone, and wakes those whose has; notes the zones they wait
+ * in that are late. Those that joined meanwhile wait for the next check. */
 static void here_check_clients(zone_here_t *me, apr_int64_t now, late_zones_t *late)
 {
+    apr_uint32_t n = here.n;
+
     COUNT_CLIENT_CHECK();
-    for (zone_here_t *e = here.first; e; e = e->next) {
-        if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
+    for (zone_here_t *e = here.first; e && n; e = e->next, n--) {
+        if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && here_look(e)) {
             __atomic_store_n(&e->gone, 1, __ATOMIC_RELEASE);
             if (e != me) {
                 here_wake(e);
@@ -201,16 +233,15 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
-/* 1 if its client has gone: the checker saw it, or it asks itself now. */
+/* 1 if its client has gone: the checker saw it, or it asks itself now,
+ * without the process's lock (the checker may ask at the same time: both
+ * only look, and neither ever clears the mark). */
 static int here_client_gone(zone_here_t *me)
 {
-    int gone;
-
-    pthread_mutex_lock(&here.mu);
-    gone = __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) || (me->fn && me->fn(me->ctx));
-    __atomic_store_n(&me->gone, gone, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&here.mu);
-    return gone;
+    if (!__atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) && me->fn && me->fn(me->ctx)) {
+        __atomic_store_n(&me->gone, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
 /* Waits for the zone's lock until until_us, in turns of a check: the

@@ -13,8 +13,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <apr_time.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -498,6 +501,181 @@ static void test_every_late_zone_has_its_turn(void **state)
     }
 }
 
+/* A client whose look stalls once armed: until told, or 15 s. */
+typedef struct {
+    req_t r;
+    int armed, stalled, told, told_in_time;
+} slow_t;
+
+static int slow_client_gone(void *ctx)
+{
+    slow_t *s = ctx;
+
+    if (__atomic_exchange_n(&s->armed, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&s->stalled, 1, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 15000 && !__atomic_load_n(&s->told, __ATOMIC_SEQ_CST); i++) {
+            usleep(1000);
+        }
+        __atomic_store_n(&s->told_in_time, __atomic_load_n(&s->told, __ATOMIC_SEQ_CST),
+                         __ATOMIC_SEQ_CST);
+    }
+    return __atomic_load_n(&s->r.gone, __ATOMIC_SEQ_CST);
+}
+
+static void *slow_request(void *p)
+{
+    slow_t *s = p;
+    at_ticket_t t;
+    at_request_t rq = {.may_wait = 1, .timeout_us = LONG};
+
+    s->r.result = at_zone_acquire_req(s->r.z, &t, &rq, slow_client_gone, s);
+    if (s->r.result == AT_ADMITTED || s->r.result == AT_QUEUED) {
+        at_zone_release(s->r.z, &t);
+    }
+    return NULL;
+}
+
+/* 7. The process's checker is stuck in a look at a client (a system call
+ * that stalls): meanwhile a slot handed to another waiter of the process is
+ * taken and given back. A look holds up no waiter of the process but the
+ * one that looks. */
+static void test_a_stalled_look_holds_no_hand_off_up(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    at_ticket_t hold;
+    slow_t slow = {.armed = 0};
+    req_t granted;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    slow.r.z = z;
+    slow.r.gone = 0;
+    assert_int_equal(pthread_create(&slow.r.th, NULL, slow_request, &slow), 0);
+    wait_until_queued(z, 1);
+    usleep(100 * MS); /* the process's checker */
+    start_queued(&granted, z, 5, LONG, 2); /* the queue's head */
+    usleep(100 * MS); /* asleep */
+    __atomic_store_n(&slow.armed, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 20000 && !__atomic_load_n(&slow.stalled, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    assert_true(__atomic_load_n(&slow.stalled, __ATOMIC_SEQ_CST));
+    at_zone_release(z, &hold);
+    pthread_join(granted.th, NULL); /* the slot went on to the checker */
+    __atomic_store_n(&slow.r.gone, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&slow.told, 1, __ATOMIC_SEQ_CST);
+    pthread_join(slow.r.th, NULL);
+
+    assert_int_equal(granted.result, AT_QUEUED);
+    assert_int_equal(slow.r.result, AT_ABORTED);
+    if (!slow.told_in_time) {
+        fail_msg("the hand-off waited for the checker's stalled look");
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).queued, 0);
+    zone_free(z);
+}
+
+/* Many requests on threads of this process, through a zone of 2 slots,
+ * whose clients go at random moments: while queued, as a slot is handed
+ * to them, while they run. The requests themselves count how many run at
+ * once. */
+enum { CHURN_THREADS = 8, CHURN_ROUNDS = 150, CHURN_LIMIT = 2 };
+
+typedef struct {
+    at_zone_t *z;
+    int inside, max_inside;
+    long done[AT_REJECTED_RATE + 1];
+} churn_t;
+
+static churn_t churn;
+
+typedef struct {
+    apr_int64_t gone_at;
+} churn_client_t;
+
+static int churn_client_gone(void *ctx)
+{
+    churn_client_t *c = ctx;
+
+    return c->gone_at && apr_time_now() >= c->gone_at;
+}
+
+static void *churn_thread(void *p)
+{
+    unsigned seed = (unsigned)(apr_uintptr_t)p;
+
+    for (int i = 0; i < CHURN_ROUNDS; i++) {
+        churn_client_t c = {0};
+        at_request_t rq = {.may_wait = 1, .timeout_us = 20000 * MS};
+        at_ticket_t t;
+        at_result_t r;
+
+        if (rand_r(&seed) % 3 == 0) {
+            c.gone_at = apr_time_now() + rand_r(&seed) % 3000;
+        }
+        r = at_zone_acquire_req(churn.z, &t, &rq, churn_client_gone, &c);
+        if (r == AT_ADMITTED || r == AT_QUEUED) {
+            int now = __atomic_add_fetch(&churn.inside, 1, __ATOMIC_SEQ_CST);
+            int seen = __atomic_load_n(&churn.max_inside, __ATOMIC_SEQ_CST);
+
+            while (now > seen
+                   && !__atomic_compare_exchange_n(&churn.max_inside, &seen, now, 0,
+                                                   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            }
+            usleep(rand_r(&seed) % 500);
+            __atomic_sub_fetch(&churn.inside, 1, __ATOMIC_SEQ_CST);
+            at_zone_release(churn.z, &t);
+        }
+        __atomic_add_fetch(&churn.done[r], 1, __ATOMIC_SEQ_CST);
+        if (r != AT_ADMITTED && r != AT_QUEUED && r != AT_ABORTED) {
+            break; /* behind a lost slot the rest would wait as long */
+        }
+    }
+    return NULL;
+}
+
+/* 8. No slot is lost nor given twice with clients going at every moment:
+ * never more than the limit run at once, every request ends admitted or
+ * aborted (none waits 20 s until its deadline, as it would behind a lost
+ * hand-off), and the zone's counts agree with the requests' own. */
+static void test_clients_going_at_random_lose_no_slot(void **state)
+{
+    pthread_t th[CHURN_THREADS];
+    at_zone_stats_t s;
+    long admitted, aborted, total = 0;
+    (void)state;
+
+    memset(&churn, 0, sizeof(churn));
+    churn.z = zone_new(CHURN_LIMIT, CHURN_THREADS, LONG);
+    assert_non_null(churn.z);
+    for (int i = 0; i < CHURN_THREADS; i++) {
+        assert_int_equal(pthread_create(&th[i], NULL, churn_thread,
+                                         (void *)(apr_uintptr_t)(i * 7919 + 1)),
+                         0);
+    }
+    for (int i = 0; i < CHURN_THREADS; i++) {
+        pthread_join(th[i], NULL);
+    }
+
+    s = stats_of(churn.z);
+    admitted = churn.done[AT_ADMITTED] + churn.done[AT_QUEUED];
+    aborted = churn.done[AT_ABORTED];
+    for (int i = 0; i <= AT_REJECTED_RATE; i++) {
+        total += churn.done[i];
+    }
+    print_message("%ld admitted, %ld aborted, %ld else, at most %d at once\n", admitted,
+                  aborted, total - admitted - aborted, churn.max_inside);
+    assert_int_equal(admitted + aborted, total);
+    assert_int_equal(total, CHURN_THREADS * CHURN_ROUNDS);
+    assert_true(churn.max_inside <= CHURN_LIMIT);
+    assert_int_equal(s.counters.admitted, admitted);
+    assert_int_equal(s.counters.aborted, aborted);
+    assert_int_equal(s.active, 0);
+    assert_int_equal(s.queued, 0);
+    zone_free(churn.z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +686,8 @@ int main(void)
         cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
         cmocka_unit_test(test_reclaim_wakes_a_granted_waiter_once),
         cmocka_unit_test(test_every_late_zone_has_its_turn),
+        cmocka_unit_test(test_a_stalled_look_holds_no_hand_off_up),
+        cmocka_unit_test(test_clients_going_at_random_lose_no_slot),
     };
 
     return cmocka_run_group_tests_name("duties", tests, NULL, NULL);
