@@ -316,6 +316,9 @@ extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count, at_test_wakes;
 /* Test builds only: how many times a process's checker has looked at the
  * clients of its waiters (and for the late zones among theirs). */
 extern apr_uint32_t at_test_client_checks;
+/* Test builds only: slots granted to a waiter whose client had gone, given
+ * back and passed on under the lock. */
+extern apr_uint32_t at_test_gone_grants;
 extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */

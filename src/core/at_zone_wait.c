@@ -327,6 +327,13 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
     return refused;
 }
 
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_gone_grants;
+#define COUNT_GONE_GRANT() __atomic_add_fetch(&at_test_gone_grants, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_GONE_GRANT() ((void)0)
+#endif
+
 /* Lock held: a waiter whose client has gone leaves, and a slot it was
  * granted meanwhile goes on to the next: no handler runs for nobody. */
 static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
@@ -334,6 +341,7 @@ static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
     at_waiter_t *w = &waiters(z)[wi];
 
     if (w->state == W_GRANTED) {
+        COUNT_GONE_GRANT();
         zone_slot_put(z, w->slot);
         zone_dispatch(z);
     }
@@ -353,8 +361,8 @@ static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
  * dead every interval (and with mem= or a replaced zone dispatches every
  * slice), and the process's checker looks at its clients (and for the
  * dead of their zones after four intervals with none, in case a watcher
- * died, left or never learned its turn). 1 if its client has gone (a slot
- * granted meanwhile is then passed on). */
+ * died, left or never learned its turn). 1 if the checker saw its client
+ * go (a slot granted meanwhile is then passed on). */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
                          apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
@@ -367,8 +375,7 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         watcher = __atomic_load_n(&z->watcher, __ATOMIC_RELAXED) == wi;
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
             || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
-            return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED
-                   && here_client_gone(me);
+            return 0;
         }
         until = deadline;
         if (zone_here_gone(me, now, &until)) {
@@ -407,9 +414,16 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     for (;;) {
         apr_int64_t now;
         apr_uint32_t seen;
-        int gave_up = 0, do_reclaim, rc;
+        int gave_up = 0, do_reclaim, rc, looked;
         mem_read_t m;
 
+        /* A slot is taken only after a look at the client made since it was
+         * granted (without the lock): its handler does not run for a client
+         * that went as the slot came, awake or asleep at the grant. */
+        looked = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED;
+        if (looked) {
+            here_client_gone(me);
+        }
         zone_mem_read_before_lock(z, &m);
         if ((rc = lock_checking(z, me, full_deadline)) != 0) {
             zone_mem_after_unlock(z, &m);
@@ -423,6 +437,10 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         now = at_now_us();
         if (z->qhead == wi || z->watcher == wi) {
             zone_dispatch(z); /* memory, or a replaced zone, frees without a release here */
+        }
+        if (w->state == W_GRANTED && !looked) {
+            zone_unlock_after_mem(z, &m); /* granted since it looked: it looks first */
+            continue;
         }
         if (w->state == W_GRANTED && __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE)) {
             at_result_t r = leave_for_gone_client(z, wi);
