@@ -168,8 +168,9 @@ typedef struct {
 
 /* Called while a request waits; return non-zero when it should give up.
  * One thread of the process asks it for every request waiting there in
- * turn, so it may run on another thread than the request's: it must only
- * look (the request's thread sleeps meanwhile). */
+ * turn, so it may run on another thread than the request's, and at the
+ * same time as the request's own thread asks it: it must only look. It is
+ * called with no lock held, and should not block. */
 typedef int (*at_abort_fn)(void *ctx);
 
 /* rate_keys: at_rate_keys_for() the definition (buckets for rate= by key). */
@@ -308,9 +309,16 @@ apr_status_t at_zone_debug_break_lock(at_zone_t *z);
  * (step: how many), so that a test can end the process there and see what
  * lock repair and reclaim make of it. */
 enum { AT_STEP_DISPATCH = 1, AT_STEP_SLOT_FILL, AT_STEP_WAITER, AT_STEP_WAKES };
-/* Test builds only: how many reclaim passes have looked at the records, and
- * how many times a request has waited for the zone's lock. */
-extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count;
+/* Test builds only: how many reclaim passes have looked at the records, how
+ * many times a request has waited for the zone's lock, and how many times a
+ * waiter's word was moved to wake it (zone_wake_word). */
+extern apr_uint32_t at_test_reclaim_passes, at_test_lock_count, at_test_wakes;
+/* Test builds only: how many times a process's checker has looked at the
+ * clients of its waiters (and for the late zones among theirs). */
+extern apr_uint32_t at_test_client_checks;
+/* Test builds only: slots granted to a waiter whose client had gone, given
+ * back and passed on under the lock. */
+extern apr_uint32_t at_test_gone_grants;
 extern void (*at_test_step_hook)(int where, int step);
 /* Test builds only: called as the zone's lock is let go, with how long it
  * was held (ns). */

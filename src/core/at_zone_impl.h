@@ -105,7 +105,10 @@ typedef struct {
     apr_int32_t prev, next; /* queue links; next also links the free list */
     apr_int32_t priority;
     at_client_key_t client;
-    unsigned char client_pad[7];
+    unsigned char client_pad[3];
+    /* reclaim sent its wake-up again since it was granted or evicted:
+     * once is enough (0 on the free list) */
+    apr_uint32_t rewoken;
 } at_waiter_t;
 
 /* read_body_total=: a body read (or being read) before its request has a
@@ -245,6 +248,11 @@ struct at_zone {
      * in the parent's memory, the same in every child; the parent clears
      * it before it frees that zone. */
     at_zone_t *predecessor;
+    /* When a process's checker last made a pass here because the zone was
+     * late (zone_here_gone): the checkers take the zones tried longest ago
+     * first, so that late zones whose lock cannot be had do not keep the
+     * others waiting for ever. */
+    apr_int64_t late_tried_us;
 
     /* rate=: its definition, whether it goes by key (key=), and the
      * buckets: the zone's, or one per key in a table after the others */
@@ -399,7 +407,8 @@ typedef struct zone_here {
     at_abort_fn fn;
     void *ctx;
     apr_uint32_t *word;
-    int gone; /* its client has gone: set by the process's checker */
+    int gone;   /* its client has gone: set by the process's checker */
+    int pinned; /* the checker is looking at its client: it may not leave */
 } zone_here_t;
 void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
                     apr_uint32_t *word);

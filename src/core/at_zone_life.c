@@ -26,7 +26,7 @@ static const at_field_t waiter_fields[] = {
     AT_FIELD(at_waiter_t, owner), AT_FIELD(at_waiter_t, ticket),   AT_FIELD(at_waiter_t, wake),
     AT_FIELD(at_waiter_t, state), AT_FIELD(at_waiter_t, slot),     AT_FIELD(at_waiter_t, prev),
     AT_FIELD(at_waiter_t, next),  AT_FIELD(at_waiter_t, priority), AT_FIELD(at_waiter_t, client),
-    AT_FIELD(at_waiter_t, client_pad)};
+    AT_FIELD(at_waiter_t, client_pad), AT_FIELD(at_waiter_t, rewoken)};
 
 static const at_field_t body_fields[] = {
     AT_FIELD(at_body_t, owner), AT_FIELD(at_body_t, bytes), AT_FIELD(at_body_t, next),
@@ -66,6 +66,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, conf_writer),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
     AT_FIELD(at_zone_t, watcher),         AT_FIELD(at_zone_t, predecessor),
+    AT_FIELD(at_zone_t, late_tried_us),
     AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
     AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate),
     AT_FIELD(at_zone_t, body_cap),     AT_FIELD(at_zone_t, body_held),

@@ -141,9 +141,11 @@ apr_uint32_t zone_reclaim(at_zone_t *z, apr_int64_t until_us, apr_int32_t only_p
     for (i = 0; i < z->nwaiters; i++) {
         at_waiter_t *w = &waiters(z)[i];
 
-        if (w->state == W_GRANTED || w->state == W_EVICTED) {
+        if ((w->state == W_GRANTED || w->state == W_EVICTED) && !w->rewoken) {
             /* its waker lets the lock go before it wakes it, and may have
-             * died in between: a wake-up again, spurious at worst */
+             * died in between: a wake-up again, once, as one waiter slow
+             * to take its slot would else cost a wake-up every pass */
+            w->rewoken = 1;
             zone_wake_word(&w->wake);
         }
         if (w->state != W_FREE) {

@@ -81,8 +81,16 @@ static void futex_wake(apr_uint32_t *word, int n)
 static __thread apr_uint32_t *deferred_wakes[DEFERRED_WAKES];
 static __thread int ndeferred_wakes;
 
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_wakes;
+#define COUNT_WAKE() __atomic_add_fetch(&at_test_wakes, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_WAKE() ((void)0)
+#endif
+
 void zone_wake_word(apr_uint32_t *word)
 {
+    COUNT_WAKE();
     __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
     if (ndeferred_wakes < DEFERRED_WAKES) {
         deferred_wakes[ndeferred_wakes++] = word;
@@ -237,6 +245,7 @@ void zone_waiter_link_free(at_zone_t *z, apr_int32_t i)
 
     w->owner.pid = 0;
     w->slot = NONE;
+    w->rewoken = 0;
     w->next = z->free_waiter;
     z->free_waiter = i;
 }

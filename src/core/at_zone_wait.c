@@ -26,18 +26,25 @@ static apr_int64_t earlier(apr_int64_t a, apr_int64_t b)
 
 /* ---- the requests waiting in this process ---------------------------- */
 
+/* mu guards the list, never a look at a client (a system call in the
+ * glue): the checker lets it go around each look, with the entry it looks
+ * at pinned, which its waiter waits for before it leaves (unpinned). */
 static struct {
     pthread_mutex_t mu;
+    pthread_cond_t unpinned;
     zone_here_t *first, *last;
     zone_here_t *checker; /* the one that looks at every client */
     apr_int64_t next_check_us;
-} here = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0};
+    apr_uint32_t n;
+} here = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, NULL, 0, 0};
 
 /* A child forked while another thread waited has none of its waiters. */
 static void here_forget_after_fork(void)
 {
     pthread_mutex_init(&here.mu, NULL);
+    pthread_cond_init(&here.unpinned, NULL);
     here.first = here.last = here.checker = NULL;
+    here.n = 0;
 }
 
 static void here_watch_forks(void)
@@ -65,8 +72,10 @@ void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
     me->ctx = ctx;
     me->word = word;
     me->gone = 0;
+    me->pinned = 0;
     me->next = NULL;
     pthread_mutex_lock(&here.mu);
+    here.n++;
     me->prev = here.last;
     if (here.last) {
         here.last->next = me;
@@ -82,10 +91,16 @@ void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
     pthread_mutex_unlock(&here.mu);
 }
 
-/* The checker's turn passes to the newest waiter, woken to learn it. */
+/* The checker's turn passes to the newest waiter, woken to learn it. A
+ * waiter whose client the checker is looking at waits for the look: the
+ * checker goes on from its entry. */
 void zone_here_leave(zone_here_t *me)
 {
     pthread_mutex_lock(&here.mu);
+    while (me->pinned) {
+        pthread_cond_wait(&here.unpinned, &here.mu);
+    }
+    here.n--;
     if (me->prev) {
         me->prev->next = me->next;
     }
@@ -108,31 +123,77 @@ void zone_here_leave(zone_here_t *me)
 }
 
 /* The zones of this process's waiters whose dead nobody looked for lately,
- * a few at a check. */
+ * a few at a check: those tried longest ago by any checker. A late zone
+ * whose lock a stopped process holds stays late; it waits for its turn
+ * behind the others instead of keeping them waiting. */
 #define LATE_ZONES 4
 typedef struct {
     at_zone_t *z[LATE_ZONES];
+    apr_int64_t tried[LATE_ZONES];
     int n;
 } late_zones_t;
 
 static void late_zones_add(late_zones_t *late, at_zone_t *z, apr_int64_t now)
 {
+    apr_int64_t tried;
+    int newest = 0;
+
     for (int i = 0; i < late->n; i++) {
         if (late->z[i] == z) {
             return;
         }
     }
-    if (late->n < LATE_ZONES && zone_reclaim_late(z, now)) {
-        late->z[late->n++] = z;
+    if (!zone_reclaim_late(z, now)) {
+        return;
+    }
+    tried = __atomic_load_n(&z->late_tried_us, __ATOMIC_RELAXED);
+    if (late->n < LATE_ZONES) {
+        late->z[late->n] = z;
+        late->tried[late->n++] = tried;
+        return;
+    }
+    for (int i = 1; i < late->n; i++) {
+        if (late->tried[i] > late->tried[newest]) {
+            newest = i;
+        }
+    }
+    if (tried < late->tried[newest]) {
+        late->z[newest] = z;
+        late->tried[newest] = tried;
     }
 }
 
-/* Lock held: asks every waiting request whether its client has gone, and
- * wakes those whose has; notes the zones they wait in that are late. */
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_client_checks;
+#define COUNT_CLIENT_CHECK() __atomic_add_fetch(&at_test_client_checks, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_CLIENT_CHECK() ((void)0)
+#endif
+
+/* Lock held, let go for the look: 1 if e's client has gone. */
+static int here_look(zone_here_t *e)
+{
+    int gone;
+
+    e->pinned = 1;
+    pthread_mutex_unlock(&here.mu);
+    gone = e->fn(e->ctx);
+    pthread_mutex_lock(&here.mu);
+    e->pinned = 0;
+    pthread_cond_broadcast(&here.unpinned);
+    return gone;
+}
+
+/* Lock held (let go around each look): asks every waiting request whether
+ * its client has gone, and wakes those whose has; notes the zones they wait
+ * in that are late. Those that joined meanwhile wait for the next check. */
 static void here_check_clients(zone_here_t *me, apr_int64_t now, late_zones_t *late)
 {
-    for (zone_here_t *e = here.first; e; e = e->next) {
-        if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && e->fn(e->ctx)) {
+    apr_uint32_t n = here.n;
+
+    COUNT_CLIENT_CHECK();
+    for (zone_here_t *e = here.first; e && n; e = e->next, n--) {
+        if (!__atomic_load_n(&e->gone, __ATOMIC_ACQUIRE) && e->fn && here_look(e)) {
             __atomic_store_n(&e->gone, 1, __ATOMIC_RELEASE);
             if (e != me) {
                 here_wake(e);
@@ -166,21 +227,21 @@ int zone_here_gone(zone_here_t *me, apr_int64_t now, apr_int64_t *until)
      * the pass's lock names another (the tidy) and wakes it. Never waiting
      * for the lock: the checker must not stall. */
     for (int i = 0; i < late.n; i++) {
+        __atomic_store_n(&late.z[i]->late_tried_us, now, __ATOMIC_RELAXED);
         at_zone_reclaim_nowait(late.z[i]);
     }
     return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
-/* 1 if its client has gone: the checker saw it, or it asks itself now. */
+/* 1 if its client has gone: the checker saw it, or it asks itself now,
+ * without the process's lock (the checker may ask at the same time: both
+ * only look, and neither ever clears the mark). */
 static int here_client_gone(zone_here_t *me)
 {
-    int gone;
-
-    pthread_mutex_lock(&here.mu);
-    gone = __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) || (me->fn && me->fn(me->ctx));
-    __atomic_store_n(&me->gone, gone, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&here.mu);
-    return gone;
+    if (!__atomic_load_n(&me->gone, __ATOMIC_ACQUIRE) && me->fn && me->fn(me->ctx)) {
+        __atomic_store_n(&me->gone, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE);
 }
 
 /* Waits for the zone's lock until until_us, in turns of a check: the
@@ -266,6 +327,13 @@ static at_result_t leave_without_lock(at_zone_t *z, at_waiter_t *w, at_ticket_t 
     return refused;
 }
 
+#ifdef AT_TEST_HOOKS
+apr_uint32_t at_test_gone_grants;
+#define COUNT_GONE_GRANT() __atomic_add_fetch(&at_test_gone_grants, 1, __ATOMIC_RELAXED)
+#else
+#define COUNT_GONE_GRANT() ((void)0)
+#endif
+
 /* Lock held: a waiter whose client has gone leaves, and a slot it was
  * granted meanwhile goes on to the next: no handler runs for nobody. */
 static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
@@ -273,6 +341,7 @@ static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
     at_waiter_t *w = &waiters(z)[wi];
 
     if (w->state == W_GRANTED) {
+        COUNT_GONE_GRANT();
         zone_slot_put(z, w->slot);
         zone_dispatch(z);
     }
@@ -292,8 +361,8 @@ static at_result_t leave_for_gone_client(at_zone_t *z, apr_int32_t wi)
  * dead every interval (and with mem= or a replaced zone dispatches every
  * slice), and the process's checker looks at its clients (and for the
  * dead of their zones after four intervals with none, in case a watcher
- * died, left or never learned its turn). 1 if its client has gone (a slot
- * granted meanwhile is then passed on). */
+ * died, left or never learned its turn). 1 if the checker saw its client
+ * go (a slot granted meanwhile is then passed on). */
 static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint32_t seen,
                          apr_int64_t start, apr_int64_t full_deadline, zone_here_t *me)
 {
@@ -306,8 +375,7 @@ static int wait_unlocked(at_zone_t *z, at_waiter_t *w, apr_int32_t wi, apr_uint3
         watcher = __atomic_load_n(&z->watcher, __ATOMIC_RELAXED) == wi;
         if (now >= deadline || __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE) != seen
             || __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) != W_WAITING) {
-            return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED
-                   && here_client_gone(me);
+            return 0;
         }
         until = deadline;
         if (zone_here_gone(me, now, &until)) {
@@ -346,9 +414,16 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
     for (;;) {
         apr_int64_t now;
         apr_uint32_t seen;
-        int gave_up = 0, do_reclaim, rc;
+        int gave_up = 0, do_reclaim, rc, looked;
         mem_read_t m;
 
+        /* A slot is taken only after a look at the client made since it was
+         * granted (without the lock): its handler does not run for a client
+         * that went as the slot came, awake or asleep at the grant. */
+        looked = __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_GRANTED;
+        if (looked) {
+            here_client_gone(me);
+        }
         zone_mem_read_before_lock(z, &m);
         if ((rc = lock_checking(z, me, full_deadline)) != 0) {
             zone_mem_after_unlock(z, &m);
@@ -362,6 +437,10 @@ static at_result_t wait_in_queue(at_zone_t *z, at_ticket_t *t, apr_int32_t wi,
         now = at_now_us();
         if (z->qhead == wi || z->watcher == wi) {
             zone_dispatch(z); /* memory, or a replaced zone, frees without a release here */
+        }
+        if (w->state == W_GRANTED && !looked) {
+            zone_unlock_after_mem(z, &m); /* granted since it looked: it looks first */
+            continue;
         }
         if (w->state == W_GRANTED && __atomic_load_n(&me->gone, __ATOMIC_ACQUIRE)) {
             at_result_t r = leave_for_gone_client(z, wi);

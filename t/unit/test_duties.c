@@ -13,8 +13,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <apr_time.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -247,29 +250,53 @@ static void test_watcher_that_left_without_the_lock_is_replaced(void **state)
     zone_free(z);
 }
 
-/* 4. A slot is handed to a waiter whose client has just gone: its handler
- * does not run for nobody; the slot goes on to the next waiter. */
+/* The request whose client goes as the next slot is handed over: under the
+ * lock, once the slot is filled in its name, before its record says so. */
+static req_t *going;
+
+static void client_goes_at_hand_off(int where, int step)
+{
+    if (where == AT_STEP_DISPATCH && step == 4) {
+        req_t *r = __atomic_exchange_n(&going, NULL, __ATOMIC_SEQ_CST);
+
+        if (r) {
+            __atomic_store_n(&r->gone, 1, __ATOMIC_SEQ_CST);
+        }
+    }
+}
+
+/* 4. A slot is handed to a waiter whose client goes at that moment, too
+ * late for any check of the waiting request to see it: its handler does
+ * not run for nobody; the slot goes on to the next waiter. The slot given
+ * back is counted: a client seen to go while still queued (a check come
+ * early on a loaded machine) would leave the same results but no count. */
 static void test_grant_to_a_gone_client_goes_on(void **state)
 {
     at_zone_t *z = zone_new(1, 4, LONG);
     at_ticket_t hold;
     req_t gone, next;
     at_zone_stats_t s;
+    apr_uint32_t passed_on;
     (void)state;
 
     assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
     start_queued(&gone, z, 0, 20000 * MS, 1);
     start_queued(&next, z, 0, 20000 * MS, 2);
-    usleep(100 * MS); /* asleep */
-    /* the client goes as the slot is handed over, before any check */
-    __atomic_store_n(&gone.gone, 1, __ATOMIC_SEQ_CST);
+    usleep(100 * MS); /* asleep, or not: either way */
+    passed_on = __atomic_load_n(&at_test_gone_grants, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&going, &gone, __ATOMIC_SEQ_CST);
+    at_test_step_hook = client_goes_at_hand_off;
     at_zone_release(z, &hold);
     pthread_join(gone.th, NULL);
     pthread_join(next.th, NULL);
+    at_test_step_hook = NULL;
+    passed_on = __atomic_load_n(&at_test_gone_grants, __ATOMIC_SEQ_CST) - passed_on;
 
     s = stats_of(z);
+    assert_null(going); /* its client went at the hand-off */
     assert_int_equal(gone.result, AT_ABORTED);
     assert_int_equal(next.result, AT_QUEUED);
+    assert_int_equal(passed_on, 1);
     assert_int_equal(s.counters.aborted, 1);
     assert_int_equal(s.counters.admitted, 2); /* the holder and the next */
     assert_int_equal(s.active, 0);
@@ -358,6 +385,321 @@ static void test_gone_client_drops_a_grant_without_the_lock(void **state)
     zone_free(z);
 }
 
+/* 5. Waiters granted their slots while stopped (SIGSTOP) do not take them
+ * for a while, and reclaim passes go on meanwhile: each pass finds them
+ * granted, but only the first sends their wake-ups again (in case their
+ * waker died before it sent them); the others send none. */
+static void test_reclaim_wakes_a_granted_waiter_once(void **state)
+{
+    enum { N = 3, PASSES = 5 };
+    at_zone_t *z = zone_new(N, N, LONG);
+    shared_client_t *client = mmap(NULL, sizeof(*client), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_ticket_t hold[N];
+    pid_t waiter[N];
+    apr_uint32_t wakes;
+    int st[N];
+    (void)state;
+
+    assert_true(client != MAP_FAILED);
+    client->gone = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(at_zone_acquire(z, &hold[i], NULL, NULL), AT_ADMITTED);
+    }
+    for (int i = 0; i < N; i++) {
+        waiter[i] = fork_waiter(z, LONG, client);
+        wait_until_queued(z, (apr_uint32_t)i + 1);
+    }
+    usleep(100 * MS);
+    for (int i = 0; i < N; i++) {
+        stop_asleep(z, waiter[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        at_zone_release(z, &hold[i]); /* granted, stopped */
+    }
+    wakes = __atomic_load_n(&at_test_wakes, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < PASSES; i++) {
+        at_zone_reclaim(z);
+    }
+    wakes = __atomic_load_n(&at_test_wakes, __ATOMIC_SEQ_CST) - wakes;
+    for (int i = 0; i < N; i++) {
+        kill(waiter[i], SIGCONT);
+        assert_int_equal(waitpid(waiter[i], &st[i], 0), waiter[i]);
+    }
+
+    at_zone_reclaim(z); /* the slots the exited waiters took */
+    munmap(client, sizeof(*client));
+    if (wakes != N) {
+        fail_msg("%d reclaim passes over %d granted waiters sent %u wake-ups, not %d",
+                 PASSES, N, wakes, N);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(WIFEXITED(st[i]));
+        assert_int_equal(WEXITSTATUS(st[i]), AT_QUEUED);
+    }
+    assert_int_equal(stats_of(z).counters.reclaimed, N);
+    assert_int_equal(stats_of(z).active, 0);
+    zone_free(z);
+}
+
+/* 6. Six zones of this process's waiters are late at once. The locks of
+ * four are held by stopped processes, so their late passes never get done
+ * and they stay late; in the other two the holder of the slot dies and the
+ * watcher is stopped. The process's checker makes the passes of those two
+ * within a few of its checks, not never: the four stuck ones, though they
+ * are older, do not take every turn. */
+static void test_every_late_zone_has_its_turn(void **state)
+{
+    enum { STUCK = 4, FREE = 2, ZONES = STUCK + FREE, MAX_CHECKS = 16 };
+    shared_client_t *client = mmap(NULL, sizeof(*client), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    at_zone_t *z[ZONES];
+    at_ticket_t hold[STUCK];
+    req_t r[ZONES];
+    pid_t locker[STUCK], holder[FREE], watcher[FREE];
+    apr_uint32_t checks = 0, first;
+    int done = 0;
+    (void)state;
+
+    assert_true(client != MAP_FAILED);
+    client->gone = 0;
+    for (int i = 0; i < STUCK; i++) { /* this process's first waiters */
+        z[i] = zone_new(1, 1, LONG);
+        assert_int_equal(at_zone_acquire(z[i], &hold[i], NULL, NULL), AT_ADMITTED);
+        start_queued(&r[i], z[i], 0, LONG, 1);
+        usleep(100 * MS);
+        locker[i] = fork_stopped_lock_holder(z[i]);
+    }
+    for (int j = 0; j < FREE; j++) {
+        at_zone_t *f = z[STUCK + j] = zone_new(1, 2, LONG);
+
+        holder[j] = fork_holder(f, NULL, 1);
+        watcher[j] = fork_waiter(f, LONG, client);
+        wait_until_queued(f, 1);
+        usleep(100 * MS);
+        stop_asleep(f, watcher[j]);
+        start_queued(&r[STUCK + j], f, 0, LONG, 2);
+    }
+    usleep(100 * MS);
+    for (int j = 0; j < FREE; j++) {
+        end_process(holder[j]);
+    }
+    first = __atomic_load_n(&at_test_client_checks, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 600 && checks <= MAX_CHECKS && done < FREE; i++) { /* 60 s */
+        usleep(100 * MS);
+        checks = __atomic_load_n(&at_test_client_checks, __ATOMIC_SEQ_CST) - first;
+        done = 0;
+        for (int j = 0; j < FREE; j++) {
+            done += stats_of(z[STUCK + j]).counters.reclaimed == 1;
+        }
+    }
+
+    for (int i = 0; i < STUCK; i++) {
+        kill(locker[i], SIGCONT); /* lets the lock go */
+    }
+    for (int i = 0; i < ZONES; i++) {
+        __atomic_store_n(&r[i].gone, 1, __ATOMIC_SEQ_CST);
+    }
+    for (int i = 0; i < ZONES; i++) {
+        pthread_join(r[i].th, NULL);
+    }
+    for (int i = 0; i < STUCK; i++) {
+        end_process(locker[i]);
+        at_zone_release(z[i], &hold[i]);
+    }
+    for (int j = 0; j < FREE; j++) {
+        end_process(watcher[j]);
+        at_zone_reclaim(z[STUCK + j]); /* the slot granted to the watcher */
+    }
+    munmap(client, sizeof(*client));
+    if (done < FREE) {
+        fail_msg("after %u checks, %d of %d late zones whose lock was free had their "
+                 "pass", checks, done, FREE);
+    }
+    print_message("the late passes came within %u checks\n", checks);
+    for (int i = 0; i < ZONES; i++) {
+        assert_int_equal(r[i].result, AT_ABORTED);
+        assert_int_equal(stats_of(z[i]).active, 0);
+        assert_int_equal(stats_of(z[i]).queued, 0);
+        zone_free(z[i]);
+    }
+}
+
+/* A client whose look stalls once armed: until told, or 15 s. */
+typedef struct {
+    req_t r;
+    int armed, stalled, told, told_in_time;
+} slow_t;
+
+static int slow_client_gone(void *ctx)
+{
+    slow_t *s = ctx;
+
+    if (__atomic_exchange_n(&s->armed, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&s->stalled, 1, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 15000 && !__atomic_load_n(&s->told, __ATOMIC_SEQ_CST); i++) {
+            usleep(1000);
+        }
+        __atomic_store_n(&s->told_in_time, __atomic_load_n(&s->told, __ATOMIC_SEQ_CST),
+                         __ATOMIC_SEQ_CST);
+    }
+    return __atomic_load_n(&s->r.gone, __ATOMIC_SEQ_CST);
+}
+
+static void *slow_request(void *p)
+{
+    slow_t *s = p;
+    at_ticket_t t;
+    at_request_t rq = {.may_wait = 1, .timeout_us = LONG};
+
+    s->r.result = at_zone_acquire_req(s->r.z, &t, &rq, slow_client_gone, s);
+    if (s->r.result == AT_ADMITTED || s->r.result == AT_QUEUED) {
+        at_zone_release(s->r.z, &t);
+    }
+    return NULL;
+}
+
+/* 7. The process's checker is stuck in a look at a client (a system call
+ * that stalls): meanwhile a slot handed to another waiter of the process is
+ * taken and given back. A look holds up no waiter of the process but the
+ * one that looks. */
+static void test_a_stalled_look_holds_no_hand_off_up(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, LONG);
+    at_ticket_t hold;
+    slow_t slow = {.armed = 0};
+    req_t granted;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    slow.r.z = z;
+    slow.r.gone = 0;
+    assert_int_equal(pthread_create(&slow.r.th, NULL, slow_request, &slow), 0);
+    wait_until_queued(z, 1);
+    usleep(100 * MS); /* the process's checker */
+    start_queued(&granted, z, 5, LONG, 2); /* the queue's head */
+    usleep(100 * MS); /* asleep */
+    __atomic_store_n(&slow.armed, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 20000 && !__atomic_load_n(&slow.stalled, __ATOMIC_SEQ_CST); i++) {
+        usleep(1000);
+    }
+    assert_true(__atomic_load_n(&slow.stalled, __ATOMIC_SEQ_CST));
+    at_zone_release(z, &hold);
+    pthread_join(granted.th, NULL); /* the slot went on to the checker */
+    __atomic_store_n(&slow.r.gone, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&slow.told, 1, __ATOMIC_SEQ_CST);
+    pthread_join(slow.r.th, NULL);
+
+    assert_int_equal(granted.result, AT_QUEUED);
+    assert_int_equal(slow.r.result, AT_ABORTED);
+    if (!slow.told_in_time) {
+        fail_msg("the hand-off waited for the checker's stalled look");
+    }
+    assert_int_equal(stats_of(z).active, 0);
+    assert_int_equal(stats_of(z).queued, 0);
+    zone_free(z);
+}
+
+/* Many requests on threads of this process, through a zone of 2 slots,
+ * whose clients go at random moments: while queued, as a slot is handed
+ * to them, while they run. The requests themselves count how many run at
+ * once. */
+enum { CHURN_THREADS = 8, CHURN_ROUNDS = 150, CHURN_LIMIT = 2 };
+
+typedef struct {
+    at_zone_t *z;
+    int inside, max_inside;
+    long done[AT_REJECTED_RATE + 1];
+} churn_t;
+
+static churn_t churn;
+
+typedef struct {
+    apr_int64_t gone_at;
+} churn_client_t;
+
+static int churn_client_gone(void *ctx)
+{
+    churn_client_t *c = ctx;
+
+    return c->gone_at && apr_time_now() >= c->gone_at;
+}
+
+static void *churn_thread(void *p)
+{
+    unsigned seed = (unsigned)(apr_uintptr_t)p;
+
+    for (int i = 0; i < CHURN_ROUNDS; i++) {
+        churn_client_t c = {0};
+        at_request_t rq = {.may_wait = 1, .timeout_us = 20000 * MS};
+        at_ticket_t t;
+        at_result_t r;
+
+        if (rand_r(&seed) % 3 == 0) {
+            c.gone_at = apr_time_now() + rand_r(&seed) % 3000;
+        }
+        r = at_zone_acquire_req(churn.z, &t, &rq, churn_client_gone, &c);
+        if (r == AT_ADMITTED || r == AT_QUEUED) {
+            int now = __atomic_add_fetch(&churn.inside, 1, __ATOMIC_SEQ_CST);
+            int seen = __atomic_load_n(&churn.max_inside, __ATOMIC_SEQ_CST);
+
+            while (now > seen
+                   && !__atomic_compare_exchange_n(&churn.max_inside, &seen, now, 0,
+                                                   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            }
+            usleep(rand_r(&seed) % 500);
+            __atomic_sub_fetch(&churn.inside, 1, __ATOMIC_SEQ_CST);
+            at_zone_release(churn.z, &t);
+        }
+        __atomic_add_fetch(&churn.done[r], 1, __ATOMIC_SEQ_CST);
+        if (r != AT_ADMITTED && r != AT_QUEUED && r != AT_ABORTED) {
+            break; /* behind a lost slot the rest would wait as long */
+        }
+    }
+    return NULL;
+}
+
+/* 8. No slot is lost nor given twice with clients going at every moment:
+ * never more than the limit run at once, every request ends admitted or
+ * aborted (none waits 20 s until its deadline, as it would behind a lost
+ * hand-off), and the zone's counts agree with the requests' own. */
+static void test_clients_going_at_random_lose_no_slot(void **state)
+{
+    pthread_t th[CHURN_THREADS];
+    at_zone_stats_t s;
+    long admitted, aborted, total = 0;
+    (void)state;
+
+    memset(&churn, 0, sizeof(churn));
+    churn.z = zone_new(CHURN_LIMIT, CHURN_THREADS, LONG);
+    assert_non_null(churn.z);
+    for (int i = 0; i < CHURN_THREADS; i++) {
+        assert_int_equal(pthread_create(&th[i], NULL, churn_thread,
+                                         (void *)(apr_uintptr_t)(i * 7919 + 1)),
+                         0);
+    }
+    for (int i = 0; i < CHURN_THREADS; i++) {
+        pthread_join(th[i], NULL);
+    }
+
+    s = stats_of(churn.z);
+    admitted = churn.done[AT_ADMITTED] + churn.done[AT_QUEUED];
+    aborted = churn.done[AT_ABORTED];
+    for (int i = 0; i <= AT_REJECTED_RATE; i++) {
+        total += churn.done[i];
+    }
+    print_message("%ld admitted, %ld aborted, %ld else, at most %d at once\n", admitted,
+                  aborted, total - admitted - aborted, churn.max_inside);
+    assert_int_equal(admitted + aborted, total);
+    assert_int_equal(total, CHURN_THREADS * CHURN_ROUNDS);
+    assert_true(churn.max_inside <= CHURN_LIMIT);
+    assert_int_equal(s.counters.admitted, admitted);
+    assert_int_equal(s.counters.aborted, aborted);
+    assert_int_equal(s.active, 0);
+    assert_int_equal(s.queued, 0);
+    zone_free(churn.z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +708,10 @@ int main(void)
         cmocka_unit_test(test_watcher_that_left_without_the_lock_is_replaced),
         cmocka_unit_test(test_grant_to_a_gone_client_goes_on),
         cmocka_unit_test(test_gone_client_drops_a_grant_without_the_lock),
+        cmocka_unit_test(test_reclaim_wakes_a_granted_waiter_once),
+        cmocka_unit_test(test_every_late_zone_has_its_turn),
+        cmocka_unit_test(test_a_stalled_look_holds_no_hand_off_up),
+        cmocka_unit_test(test_clients_going_at_random_lose_no_slot),
     };
 
     return cmocka_run_group_tests_name("duties", tests, NULL, NULL);
