@@ -38,7 +38,7 @@ my (%auto, %prom, %json);
 for (split /\n/, GET_BODY('/throttle-status?auto')) {
     my ($key) = /^([^:]+):/ or next;
     $key =~ s/^Throttle\.[^.]+\.//;
-    $key =~ s/^Priority\.\d+\.//;
+    $key =~ s/^Priority\.-?\d+\.//; # priorities go below 0
     $key =~ s/^ThrottleChild\.\d+\.//;
     $auto{$key} = 1;
 }
