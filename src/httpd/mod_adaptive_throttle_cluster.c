@@ -75,8 +75,14 @@ typedef struct {
 static apr_hash_t *clusters;         /* name -> cluster_def_t *, this cycle */
 static apr_array_header_t *cl_zones; /* cluster_zone_t *, after post_config */
 static apr_proc_t *sync_proc;        /* this generation's sync process */
-static apr_pool_t *sync_pool;        /* and its configuration's pool */
+static apr_pool_t *sync_pool;        /* its own, cleared at each start (pconf is locked) */
 static int sync_stopping;            /* the generation ends: not started again */
+static pid_t sync_pid;               /* kept apart: sync_pool is gone before pconf's cleanups */
+static pid_t sync_owner;             /* the parent that starts and stops it */
+static apr_time_t sync_retry_at;     /* when the parent's monitor starts another */
+static apr_interval_time_t sync_backoff; /* doubles at each early death */
+static apr_time_t sync_born;         /* when the running one was forked */
+static int sync_failing;             /* a failure was logged: quiet until one lives */
 
 /* ---- configuration ----------------------------------------------------- */
 
@@ -722,12 +728,19 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
     int i;
 
     sync_signals();
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
     ap_close_listeners();
     if (ap_run_drop_privileges(pconf, ap_server_conf) != 0) {
-        ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
-                     "process cannot drop its privileges: it stops");
+        if (!sync_failing) {
+            ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
+                         "process cannot drop its privileges: it stops");
+        }
         _exit(1);
+    }
+    /* after the drop: changing credentials clears the death signal; and the
+     * parent may have died before it was set */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) {
+        _exit(0);
     }
     sync_loop(pconf, parent);
     for (i = 0; i < cl_zones->nelts; i++) {
@@ -740,29 +753,57 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 
 static void sync_maint(int reason, void *data, apr_wait_t status);
 
-static void sync_start(apr_pool_t *pconf)
+/* a sync process that lived this long was not failing at start */
+#define AT_SYNC_LIVED_LONG apr_time_from_sec(60)
+
+/* Another try after a failure: 1 s, doubling to 30 s while they keep
+ * failing at once. */
+static void sync_retry_later(void)
+{
+    apr_time_t now = apr_time_now();
+
+    if (sync_born && now - sync_born > AT_SYNC_LIVED_LONG) {
+        sync_backoff = 0;
+        sync_failing = 0;
+    }
+    sync_backoff = sync_backoff ? sync_backoff * 2 : apr_time_from_sec(1);
+    if (sync_backoff > apr_time_from_sec(30)) {
+        sync_backoff = apr_time_from_sec(30);
+    }
+    sync_retry_at = now + sync_backoff;
+    sync_born = 0;
+}
+
+static void sync_start(void)
 {
     pid_t parent = getpid();
     apr_status_t rv;
 
-    sync_pool = pconf;
-    sync_proc = apr_pcalloc(pconf, sizeof(*sync_proc));
-    rv = apr_proc_fork(sync_proc, pconf);
+    apr_pool_clear(sync_pool);
+    sync_proc = apr_pcalloc(sync_pool, sizeof(*sync_proc));
+    sync_born = apr_time_now();
+    rv = apr_proc_fork(sync_proc, sync_pool);
     if (rv == APR_INCHILD) {
-        sync_main(pconf, parent);
+        sync_main(sync_pool, parent);
     }
     if (rv != APR_INPARENT) {
-        ap_log_error(APLOG_MARK, APLOG_ERR, rv, ap_server_conf, "cannot start the cluster "
-                     "sync process: the cluster zones keep their limits until their lease "
-                     "ends, then run their fallback");
+        if (!sync_failing) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, rv, ap_server_conf, "cannot start the "
+                         "cluster sync process (tried again, backing off to 30 s): the "
+                         "cluster zones keep their limits until their lease ends, then "
+                         "run their fallback");
+        }
+        sync_failing = 1;
         sync_proc = NULL;
+        sync_retry_later();
         return;
     }
-    apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, pconf);
+    sync_pid = sync_proc->pid;
+    apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, sync_pool);
 }
 
-/* The parent reaped the sync process: it died on its own. Another, unless
- * httpd stops or restarts. */
+/* The parent reaped the sync process: it died on its own. The monitor starts
+ * another, unless httpd stops or restarts. */
 static void sync_maint(int reason, void *data, apr_wait_t status)
 {
     int mpm_state = AP_MPMQ_STOPPING;
@@ -772,13 +813,17 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     }
     apr_proc_other_child_unregister(data);
     sync_proc = NULL;
+    sync_pid = 0;
     ap_mpm_query(AP_MPMQ_MPM_STATE, &mpm_state);
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
-                 "ended (status %d): starting another", (int)status);
-    sync_start(sync_pool);
+    if (!sync_failing || (sync_born && apr_time_now() - sync_born > AT_SYNC_LIVED_LONG)) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
+                     "ended (status %d): starting another", (int)status);
+    }
+    sync_failing = 1;
+    sync_retry_later();
 }
 
 /* Before the next generation reads its configuration: this one's sync
@@ -789,21 +834,26 @@ static apr_status_t sync_stop_process(void *data)
     apr_interval_time_t waited = 0;
     (void)data;
 
+    if (getpid() != sync_owner) {
+        return APR_SUCCESS; /* a child's copy of pconf: not its process */
+    }
     sync_stopping = 1;
-    if (!sync_proc) {
+    if (!sync_pid) {
         return APR_SUCCESS;
     }
-    kill(sync_proc->pid, SIGTERM);
-    while (waitpid(sync_proc->pid, NULL, WNOHANG) == 0) {
-        if (waited >= apr_time_from_sec(2)) {
-            kill(sync_proc->pid, SIGKILL);
-            waitpid(sync_proc->pid, NULL, 0);
-            break;
+    kill(sync_pid, SIGTERM);
+    while (waitpid(sync_pid, NULL, WNOHANG) == 0) {
+        if (waited >= apr_time_from_sec(3)) {
+            break; /* the parent's main loop reaps it later */
+        }
+        if (waited == apr_time_from_sec(2)) {
+            kill(sync_pid, SIGKILL);
         }
         apr_sleep(5000);
         waited += 5000;
     }
     sync_proc = NULL;
+    sync_pid = 0;
     return APR_SUCCESS;
 }
 
@@ -817,6 +867,10 @@ static int cluster_monitor(apr_pool_t *p, server_rec *s)
     int i;
     (void)p;
 
+    if (cl_zones && cl_zones->nelts && !sync_proc && !sync_stopping
+        && getpid() == sync_owner && apr_time_now() >= sync_retry_at) {
+        sync_start();
+    }
     for (i = 0; cl_zones && i < cl_zones->nelts; i++) {
         cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
         at_cluster_state_t *st = cz->st;
@@ -899,11 +953,36 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
     }
     sync_stopping = 0;
     sync_proc = NULL;
+    sync_pid = 0;
+    sync_owner = getpid();
+    sync_backoff = 0;
+    sync_failing = 0;
+    sync_born = 0;
     if (cl_zones->nelts) {
+        apr_pool_create(&sync_pool, pconf);
         apr_pool_cleanup_register(pconf, NULL, sync_stop_process, apr_pool_cleanup_null);
-        sync_start(pconf);
+        sync_start();
     }
     return OK;
+}
+
+/* Only the sync process talks to Redis: no other child keeps its password. */
+static void cluster_child_init(apr_pool_t *p, server_rec *s)
+{
+    apr_hash_index_t *hi;
+    (void)s;
+
+    for (hi = clusters ? apr_hash_first(p, clusters) : NULL; hi; hi = apr_hash_next(hi)) {
+        cluster_def_t *d = apr_hash_this_val(hi);
+
+        if (d->password) {
+            volatile char *c = (volatile char *)d->password;
+
+            while (*c) {
+                *c++ = 0;
+            }
+        }
+    }
 }
 
 void at_cluster_register_hooks(void)
@@ -913,4 +992,5 @@ void at_cluster_register_hooks(void)
     /* last: the zones are laid, and other modules' processes forked */
     ap_hook_post_config(cluster_post_config, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_monitor(cluster_monitor, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_child_init(cluster_child_init, NULL, NULL, APR_HOOK_MIDDLE);
 }

@@ -204,7 +204,7 @@ static void sim_step(sim_t *s)
         server_run(v);
         if (s->now_us >= v->next_sync_us) {
             server_sync(s, i);
-            /* the watchdog's slices make periods a little uneven */
+            /* a sync's own time makes periods a little uneven */
             v->next_sync_us = s->now_us + s->conf.period_us + draw(s, 3) * STEP_US;
         }
     }
