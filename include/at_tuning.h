@@ -19,8 +19,8 @@
  * read_body_total, or to give it back. */
 #define AT_BODY_LOCK_US 50000
 /* A writer of a zone's published definition waits this long for another
- * to finish its copy (which takes well under a microsecond unless that
- * writer died in it), then takes over. */
+ * to finish its copy (which takes nanoseconds), then takes over if that
+ * writer has died, or gives up for now if it lives (stopped or slow). */
 #define AT_PUBLISH_WAIT_US 100000
 /* The longest a request that is done waits for its zone's lock to give its
  * slot back; then the next holder does it. */

@@ -209,7 +209,9 @@ at_zone_t *at_zone_let_go_predecessor(at_zone_t *z);
  * AT_PUBLISH_WAIT_US at most). It never waits for the lock, which a
  * stopped or hung process may hold: it
  * returns APR_SUCCESS if the definition is in force, APR_EBUSY if the
- * process holding the lock (or the next to take it) will apply it. */
+ * process holding the lock (or the next to take it) will apply it,
+ * APR_EAGAIN if it was not published (another writer, alive, is stopped
+ * in its copy: try again later), APR_EINVAL if the zone cannot hold it. */
 apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *conf);
 
 /* The general form: the request's client, whether it may wait, its

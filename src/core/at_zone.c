@@ -527,7 +527,9 @@ apr_status_t at_zone_reconfigure(at_zone_t *z, const at_zone_conf_t *c)
     if (!at_zone_can_hold(z, c)) {
         return APR_EINVAL;
     }
-    zone_publish_conf(z, c);
+    if (zone_publish_conf(z, c) != 0) {
+        return APR_EAGAIN; /* another writer is stopped in its copy: not published */
+    }
     if (zone_trylock(z) != 0) {
         return APR_EBUSY; /* the holder, or the next one, applies it */
     }

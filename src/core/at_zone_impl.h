@@ -230,6 +230,9 @@ struct at_zone {
      * next holder applies it. conf_seq is odd while a writer writes
      * conf_pending. */
     apr_uint32_t conf_seq, conf_applied;
+    /* who took the sequence last: one left odd is taken over only from a
+     * writer that died, never from one stopped or slow in its copy */
+    at_owner_t conf_writer;
     at_zone_conf_t conf_pending;
     /* records left without the lock since the last tidy (W_LEFT...) */
     apr_uint32_t left;
@@ -337,8 +340,9 @@ int zone_mem_allows(at_zone_t *z);
 void zone_dispatch(at_zone_t *z);
 
 /* at_zone_life.c: a definition published without the lock (by the
- * server's parent), applied by the next holder */
-void zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c);
+ * server's parent or the cluster's sync process), applied by the next
+ * holder; EAGAIN if another writer, alive, is still in its copy */
+int zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c);
 void zone_apply_published_conf(at_zone_t *z);
 
 /* at_zone_lock.c: the lock, its repair, and catching up on it; mem=

@@ -9,6 +9,7 @@
 #include "at_tuning.h"
 
 #include <apr_atomic.h>
+#include <errno.h>
 #include <apr_strings.h>
 #include <sched.h>
 #include <string.h>
@@ -62,6 +63,7 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, ctl),
     AT_FIELD(at_zone_t, sensor),       AT_FIELD(at_zone_t, mem),
     AT_FIELD(at_zone_t, conf_seq),     AT_FIELD(at_zone_t, conf_applied),
+    AT_FIELD(at_zone_t, conf_writer),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
     AT_FIELD(at_zone_t, watcher),         AT_FIELD(at_zone_t, predecessor),
     AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
@@ -268,38 +270,57 @@ at_zone_t *at_zone_let_go_predecessor(at_zone_t *z)
  * several (the parent at a restart and at its checks, the cluster's sync
  * process): one owns the sequence while it is odd, taken by compare and
  * swap, and the others wait for its copy. One left odd for
- * AT_PUBLISH_WAIT_US (its writer died in the copy) is taken over. */
-static apr_uint32_t publish_begin(at_zone_t *z)
+ * AT_PUBLISH_WAIT_US is taken over only if its writer died in the copy;
+ * a writer alive but stopped or slow keeps it, and the others give up
+ * (EAGAIN) and publish at their next turn. */
+static int publish_begin(at_zone_t *z, apr_uint32_t *mine)
 {
     apr_int64_t give_up = 0;
 
     for (;;) {
-        apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_RELAXED);
-        apr_uint32_t mine = seq & 1 ? seq + 2 : seq + 1;
+        apr_uint32_t seq = __atomic_load_n(&z->conf_seq, __ATOMIC_ACQUIRE);
 
         if (seq & 1) {
+            apr_int64_t now = at_now_us();
+            at_owner_t writer;
+
             if (!give_up) {
-                give_up = at_now_us() + AT_PUBLISH_WAIT_US;
+                give_up = now + AT_PUBLISH_WAIT_US;
             }
-            if (at_now_us() < give_up) {
+            if (now < give_up) {
                 sched_yield();
                 continue;
             }
+            writer = z->conf_writer;
+            if (writer.pid != 0 && at_owner_alive(&writer)) {
+                return EAGAIN;
+            }
         }
-        if (__atomic_compare_exchange_n(&z->conf_seq, &seq, mine, 0, __ATOMIC_RELAXED,
+        *mine = seq & 1 ? seq + 2 : seq + 1;
+        if (__atomic_compare_exchange_n(&z->conf_seq, &seq, *mine, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED)) {
-            return mine;
+            z->conf_writer = *at_owner_self();
+            return 0;
         }
     }
 }
 
-void zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c)
+int zone_publish_conf(at_zone_t *z, const at_zone_conf_t *c)
 {
-    apr_uint32_t mine = publish_begin(z);
+    apr_uint32_t mine;
 
+    if (publish_begin(z, &mine) != 0) {
+        return EAGAIN;
+    }
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(&z->conf_pending, c, sizeof(*c));
-    __atomic_store_n(&z->conf_seq, mine + 1, __ATOMIC_RELEASE);
+    /* only the owner ends its turn: a writer taken over (thought dead)
+     * leaves the sequence to the one that took it */
+    if (!__atomic_compare_exchange_n(&z->conf_seq, &mine, mine + 1, 0, __ATOMIC_RELEASE,
+                                     __ATOMIC_RELAXED)) {
+        return EAGAIN;
+    }
+    return 0;
 }
 
 /* Lock held: a definition published since the last one applied takes

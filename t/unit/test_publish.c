@@ -2,8 +2,9 @@
  * A zone's definition published without its lock (zone_publish_conf) by
  * several writers at once, as the parent and the cluster's sync process
  * do: a reader that follows the seqlock's protocol never takes a copy
- * mixed from two definitions, and a writer that died in its copy does not
- * stop the next one for longer than AT_PUBLISH_WAIT_US.
+ * mixed from two definitions; a writer that died in its copy does not
+ * stop the next one for longer than AT_PUBLISH_WAIT_US, and one alive but
+ * stopped in its copy is never taken over.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,8 +12,12 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "at_tuning.h"
 #include "at_zone_impl.h"
@@ -104,11 +109,46 @@ static void test_writer_dead_in_its_copy_is_taken_over(void **state)
     zone_free(zone);
 }
 
+/* A writer alive but stopped in its copy keeps the sequence: another
+ * gives up (EAGAIN) after AT_PUBLISH_WAIT_US and touches nothing, where
+ * taking over would let the stopped one, resumed, write into its copy and
+ * end its turn; once that writer has died, the next takes over. */
+static void test_live_writer_stopped_in_its_copy_keeps_it(void **state)
+{
+    at_zone_conf_t c;
+    apr_uint32_t seq;
+    pid_t pid;
+    (void)state;
+
+    zone = zone_new(4, 10, 1000000);
+    memcpy(&c, &zone->conf_pending, sizeof(c));
+    if ((pid = fork()) == 0) {
+        alarm(30); /* gone in time if the test fails before it kills it */
+        pause();
+        _exit(0);
+    }
+    zone->conf_writer.pid = pid;
+    zone->conf_writer.start = 0; /* alive while its pid is */
+    zone->conf_seq |= 1;
+    seq = zone->conf_seq;
+    c.limit = 7;
+    assert_int_equal(zone_publish_conf(zone, &c), EAGAIN);
+    assert_int_equal(zone->conf_seq, seq);
+    assert_int_not_equal(zone->conf_pending.limit, 7);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(zone_publish_conf(zone, &c), 0);
+    assert_int_equal(zone->conf_seq & 1, 0);
+    assert_int_equal(zone->conf_pending.limit, 7);
+    zone_free(zone);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_writers_at_once_never_mix),
         cmocka_unit_test(test_writer_dead_in_its_copy_is_taken_over),
+        cmocka_unit_test(test_live_writer_stopped_in_its_copy_keeps_it),
     };
 
     return cmocka_run_group_tests_name("publish", tests, NULL, NULL);
