@@ -8,7 +8,8 @@
 # keep the fleet within the total (the sync runs in a process of the
 # parent's, not in a child). No CGI inherits a connection to Redis. A
 # restart that raises the total beyond the zone's memory lays it anew. Bad
-# configurations fail at configtest.
+# configurations fail at configtest. The sync process killed is started
+# again, backing off, its first death logged only; it ends with its parent.
 use strict;
 use warnings FATAL => 'all';
 use Apache::Test;
@@ -22,7 +23,7 @@ use IO::Select;
 use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 30, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 32, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -344,3 +345,36 @@ ok t_cmp($slow->{log}->(), qr/the sync with Redis failed: .*no answer within tim
 $slow->{stop}->();
 kill 'TERM', -$lpid;
 waitpid $lpid, 0;
+
+# The sync process: the parent's child holding a connection to Redis.
+# Killed three times in a row, another starts each time (from the parent's
+# monitor, backing off), and only the first death is logged. Then the
+# parent killed with SIGKILL: the sync process ends with it.
+sub sync_process_of {
+    my ($srv) = @_;
+    my $redis = redis_sockets();
+    for my $kid (children_of($srv->{pid})) {
+        for my $fd (glob "/proc/$kid/fd/*") {
+            my $l = readlink($fd) // next;
+            return $kid if $l =~ /socket:\[(\d+)\]/ && $redis->{$1};
+        }
+    }
+    return;
+}
+my $solo = private_server(member_conf($total, "solo$rport"), cgi_not_cgid => 1);
+my $sp;
+wait_until(sub { $sp = sync_process_of($solo) }, 15);
+my $respawned = 0;
+for (1 .. 3) {
+    my $old = $sp or last;
+    kill 'KILL', $old;
+    $respawned++ if wait_until(sub { ($sp = sync_process_of($solo)) && $sp != $old }, 30);
+}
+my $ended = () = $solo->{log}->() =~ /the cluster sync process ended/g;
+ok t_cmp("$respawned $ended", '3 1', 'the sync process killed three times in a row: '
+         . 'started again each time, the first death logged only');
+my @kids = children_of($solo->{pid});
+kill 'KILL', $solo->{pid};
+ok t_cmp(wait_until(sub { !$sp || !kill 0, $sp }, 10), 1,
+         'the parent killed with SIGKILL: its sync process ends too');
+kill 'KILL', grep { kill 0, $_ } @kids;
