@@ -921,8 +921,7 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
 {
     apr_hash_t *refs = at_zone_refs();
     apr_hash_index_t *hi;
-    char host[256] = "localhost";
-    const char *id;
+    char host[256] = "localhost", id[AT_CLUSTER_ID_MAX];
     (void)plog;
 
     if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG || !clusters) {
@@ -930,7 +929,7 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
     }
     gethostname(host, sizeof(host) - 1);
     /* the parent's pid: the same across graceful restarts */
-    id = apr_psprintf(pconf, "%s:%ld", host, (long)getpid());
+    at_cluster_make_id(id, host, (long)getpid());
     cl_zones = apr_array_make(pconf, 2, sizeof(cluster_zone_t *));
     for (hi = refs ? apr_hash_first(ptemp, refs) : NULL; hi; hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
