@@ -3,9 +3,10 @@
  * servers through Redis (at_cluster.h has the rules). One sync per server
  * and period, from a process of its own that the parent forks at each
  * (re)start and stops at the next: it never retires with a child, and it
- * goes on through a graceful stop while requests drain. A Lua script run
- * with EVALSHA writes this server's demand and share on a lease and returns
- * the others' in one round trip. The share is written into the zone as its
+ * goes on through a graceful stop while requests drain; at a stop it
+ * takes the server's rows out of Redis. A Lua script run with EVALSHA
+ * writes this server's demand and share on a lease and returns the
+ * others' in one round trip. The share is written into the zone as its
  * local limit, which every child's decision reads: no network call on the
  * request path, and no child holds a Redis connection.
  */
@@ -24,11 +25,13 @@
 #include "apr_strings.h"
 #include "apr_thread_proc.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -566,6 +569,32 @@ static int redis_sync(cluster_zone_t *cz, apr_int64_t deadline, apr_uint32_t hol
     }
     return ok;
 }
+
+/* KEYS: rows, expiries; ARGV: id. The row and its expiry go together: a
+ * row left without its expiry would outlive every lease. */
+static const char LEAVE_SCRIPT[] = "redis.call('HDEL', KEYS[1], ARGV[1])\n"
+                                   "return redis.call('ZREM', KEYS[2], ARGV[1])\n";
+
+/* httpd stops and its children are gone: this server's rows go, so that
+ * the others run its share now, not a lease later. Within timeout=. */
+static void redis_leave(cluster_zone_t *cz)
+{
+    const char *argv[] = {"EVAL", LEAVE_SCRIPT, "2", cz->keys[0], cz->keys[1], cz->st->id};
+    apr_int64_t deadline = at_now_us() + cz->def->timeout_us;
+    redisReply *r = NULL;
+
+    if (cz->redis || redis_connect(cz, deadline)) {
+        r = redis_call(cz, deadline, REDIS_REPLY_INTEGER, 6, argv);
+    }
+    if (!r) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, ap_server_conf, "cluster %s, zone %s: "
+                     "httpd stops but could not take its share out of Redis (the others "
+                     "get it when its lease ends): %s", cz->def->name, cz->ref->name,
+                     cz->err);
+        return;
+    }
+    freeReplyObject(r);
+}
 #endif
 
 /* The zone runs n from now: published for the next holder of its lock. A
@@ -660,16 +689,25 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
 
 /* ---- the sync process -------------------------------------------------- */
 
-static volatile sig_atomic_t sync_stop;
+/* The parent's word to a sync process at a stop (SIGTERM at a restart):
+ * the server leaves the fleet. */
+#define SYNC_SIG_LEAVE SIGUSR2
+
+static volatile sig_atomic_t sync_stop; /* 1: stop; 2: stop and leave */
 
 static void sync_on_signal(int sig)
 {
-    (void)sig;
-    sync_stop = 1;
+    if (sig == SYNC_SIG_LEAVE) {
+        sync_stop = 2;
+    }
+    else if (!sync_stop) {
+        sync_stop = 1; /* the parent's death after its word undoes nothing */
+    }
 }
 
-/* httpd signals its process group too (a restart, a stop): this process
- * ends at any of them but the graceful ones, which are its parent's alone. */
+/* SIGTERM (a restart, the parent's death), SIGHUP, SIGINT and
+ * SYNC_SIG_LEAVE end this process; httpd's graceful signals are not for
+ * it. */
 static void sync_signals(void)
 {
     struct sigaction sa;
@@ -681,6 +719,7 @@ static void sync_signals(void)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SYNC_SIG_LEAVE, &sa, NULL);
     sa.sa_handler = SIG_IGN;
     sigaction(AP_SIG_GRACEFUL, &sa, NULL);
     sigaction(SIGWINCH, &sa, NULL);
@@ -723,12 +762,52 @@ static void sync_loop(apr_pool_t *p, pid_t parent)
     }
 }
 
+/* Of what the parent had open, this process keeps the standard
+ * descriptors, the error log, and Unix datagram sockets (syslog's or
+ * journald's, which the C library would write to blindly were the number
+ * reused): no pipe, lock or log of the parent's is held open by it. */
+static void sync_close_inherited(void)
+{
+    apr_os_file_t log = -1;
+    struct dirent *e;
+    DIR *d;
+
+    if (ap_server_conf->error_log) {
+        apr_os_file_get(&log, ap_server_conf->error_log);
+    }
+    if (!(d = opendir("/proc/self/fd"))) {
+        return;
+    }
+    while ((e = readdir(d))) {
+        int fd = atoi(e->d_name), type = 0;
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof(type);
+
+        if (fd <= 2 || fd == log || fd == dirfd(d)) {
+            continue;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_DGRAM) {
+            len = sizeof(sa);
+            if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0
+                && sa.ss_family == AF_UNIX) {
+                continue;
+            }
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 static void sync_main(apr_pool_t *pconf, pid_t parent)
 {
     int i;
 
     sync_signals();
+    /* httpd's signals to its process group (prefork's SIGTERM at a stop,
+     * before the children are gone) reach it through the parent only */
+    setpgid(0, 0);
     ap_close_listeners();
+    sync_close_inherited();
     if (ap_run_drop_privileges(pconf, ap_server_conf) != 0) {
         if (!sync_failing) {
             ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
@@ -745,7 +824,12 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
     sync_loop(pconf, parent);
     for (i = 0; i < cl_zones->nelts; i++) {
 #ifdef HAVE_HIREDIS
-        redis_drop(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *));
+        cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
+
+        if (sync_stop == 2) {
+            redis_leave(cz);
+        }
+        redis_drop(cz);
 #endif
     }
     _exit(0); /* never the parent's cleanups */
@@ -799,6 +883,7 @@ static void sync_start(void)
         return;
     }
     sync_pid = sync_proc->pid;
+    setpgid(sync_pid, sync_pid); /* as it does itself: whichever runs first */
     apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, sync_pool);
 }
 
@@ -826,12 +911,17 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     sync_retry_later();
 }
 
-/* Before the next generation reads its configuration: this one's sync
- * process ends (within its timeout=, since it finishes the sync under
- * way), waited for a bounded time, then killed. */
+/* Before the next generation reads its configuration, or at the exit:
+ * this generation's sync process ends (within its timeout=, since it
+ * finishes the sync under way), waited for a bounded time, then killed.
+ * At the exit (a stop, graceful or not: pconf goes with the process only
+ * then, after the MPM has reaped its children or, prefork's graceful stop
+ * past its timeout, sent them SIGTERM) it first takes this server out of
+ * the fleet. */
 static apr_status_t sync_stop_process(void *data)
 {
     apr_interval_time_t waited = 0;
+    int leave = ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_EXITING;
     (void)data;
 
     if (getpid() != sync_owner) {
@@ -841,7 +931,7 @@ static apr_status_t sync_stop_process(void *data)
     if (!sync_pid) {
         return APR_SUCCESS;
     }
-    kill(sync_pid, SIGTERM);
+    kill(sync_pid, leave ? SYNC_SIG_LEAVE : SIGTERM);
     while (waitpid(sync_pid, NULL, WNOHANG) == 0) {
         if (waited >= apr_time_from_sec(3)) {
             break; /* the parent's main loop reaps it later */
