@@ -2,7 +2,7 @@
  * A large fleet of cluster= servers on one simulated clock, running the
  * core's own code (src/core/at_cluster.c) against a model of one Redis: no
  * network, no httpd. Each server syncs every period from its own phase,
- * a few ms late at random (the watchdog's slices), in the glue's order:
+ * a few ms late at random (a sync process's sleeps), in the glue's order:
  * note the demand, lower, tell Redis what it holds, apply the reply. Redis
  * runs one script at a time, first come first served, each costing
  * BASE + PER_ROW x rows of CPU (bench/cluster-sim-run measures both on a
@@ -300,7 +300,7 @@ static void sync_finish(sim_t *s, apr_uint32_t i)
     v->limit =
         at_cluster_after_sync(&s->conf, &v->st, ok, &r, v->limit, v->sent_us, s->now_us);
     v->in_flight = 0;
-    /* the watchdog's next tick: a period on, a few ms late at random */
+    /* the sync process's next round: a period on, a few ms late at random */
     v->next_sync_us = v->sent_us + s->conf.period_us + draw(s, 10) * MS;
     if (v->next_sync_us < s->now_us) {
         v->next_sync_us = s->now_us;

@@ -89,6 +89,12 @@ typedef struct {
     at_cluster_member_t peers[AT_CLUSTER_PEERS_MAX]; /* the others, last seen */
 } at_cluster_state_t;
 
+/* A server's id in the store, "host:pid" (the parent's pid), into id of
+ * AT_CLUSTER_ID_MAX bytes. A host too long for it keeps its first bytes,
+ * then "~" and a hash of the whole name: two names alike for as long as
+ * the id still differ. */
+void at_cluster_make_id(char *id, const char *host, long pid);
+
 /* A member that has never synced runs nothing (limit 0): it raises only
  * into capacity the store grants. */
 void at_cluster_state_init(at_cluster_state_t *st, const char *id);

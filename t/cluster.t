@@ -8,7 +8,10 @@
 # keep the fleet within the total (the sync runs in a process of the
 # parent's, not in a child). No CGI inherits a connection to Redis. A
 # restart that raises the total beyond the zone's memory lays it anew. Bad
-# configurations fail at configtest.
+# configurations fail at configtest. A stop takes the server's row out of
+# Redis at once; restarts keep it. The sync process holds no descriptor of
+# the parent's but the logs; killed, it is started again, backing off, its
+# first death logged only; it ends with its parent.
 use strict;
 use warnings FATAL => 'all';
 use Apache::Test;
@@ -22,7 +25,7 @@ use IO::Select;
 use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 30, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 40, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -70,15 +73,41 @@ sub redis_stop {
 END { redis_stop() if $rport && -e "$rdir/redis.pid" }
 redis_start();
 
+# Redis spoken to directly: one command, its reply (an array ref for a
+# list, undef for nil).
+sub redis_reply {
+    my ($c) = @_;
+    my $line = <$c> // die 'no answer from Redis';
+    $line =~ s/\r\n\z//;
+    my ($type, $v) = (substr($line, 0, 1), substr($line, 1));
+    die "Redis: $v" if $type eq '-';
+    return $v if $type eq '+' || $type eq ':';
+    return undef if $v < 0;
+    return [map { redis_reply($c) } 1 .. $v] if $type eq '*';
+    read($c, my $bulk, $v + 2) == $v + 2 or die 'short answer from Redis';
+    return substr($bulk, 0, $v);
+}
+sub redis_connect {
+    return IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport, Timeout => 5)
+        // die "cannot connect to Redis: $!";
+}
+sub redis_cmd {
+    my $c = redis_connect();
+    print $c '*' . @_ . "\r\n", map { '$' . length($_) . "\r\n$_\r\n" } @_;
+    return redis_reply($c);
+}
+sub redis_ms { my $t = redis_cmd('TIME'); $t->[0] * 1000 + int($t->[1] / 1000) }
+
 # ---- three servers, one cluster zone of 6 ----
 my $total = 6;
 my $probes = "$work/probes";
 mkdir $probes;
 chmod 0777, $probes;
 sub member_conf {
-    my ($limit, $prefix) = @_;
+    my ($limit, $prefix, $period) = @_;
+    $period //= '200ms';
     return cgi_conf($probes) . <<"CONF";
-ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=200ms timeout=50ms prefix=$prefix
+ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=$period timeout=50ms prefix=$prefix
 ThrottleZone cz limit=$limit queue=100 timeout=60s cluster=fleet cluster_fallback=1
 <Location /cgi-bin/>
     Throttle cz
@@ -274,6 +303,8 @@ reap(@l, @long);
 ok t_cmp($max <= $total ? 1 : 0, 1,
          "a graceful stop under load: never more than $total at once (ran $max)");
 wait_until(sub { !kill 0, $s[2]{pid} }, 20);
+ok t_cmp(join(' ', grep { /:\Q$s[2]{pid}\E\z/ } @{ redis_cmd('HKEYS', "{t$rport:cz}:rows") }),
+         '', 'once stopped, its row is gone from Redis (its lease had 2 s to run)');
 $_->{stop}->() for @s[0, 1];
 
 # A graceful restart that raises the total beyond what the zone's shared
@@ -344,3 +375,124 @@ ok t_cmp($slow->{log}->(), qr/the sync with Redis failed: .*no answer within tim
 $slow->{stop}->();
 kill 'TERM', -$lpid;
 waitpid $lpid, 0;
+
+# A stop takes the server out of the fleet at once, restarts do not. Two
+# servers at a period of 1 s (a lease of 10 s); Redis's MONITOR sees every
+# command, those its scripts run included. Graceful and plain restarts of
+# the first: nothing deletes its row. Its stop: the row and its expiry go
+# before the parent is gone, and the second server runs the whole total
+# while the first's lease, read before the stop, would still have run.
+sub monitor_start {
+    my $c = redis_connect();
+    syswrite($c, "MONITOR\r\n");
+    sysread($c, my $ok, 5); # +OK\r\n, unbuffered: what follows is sysread
+    return { sock => $c, seen => '' };
+}
+sub monitor_seen {
+    my ($m) = @_;
+    my $sel = IO::Select->new($m->{sock});
+    while ($sel->can_read(0.2)) {
+        sysread($m->{sock}, my $buf, 65536) or last;
+        $m->{seen} .= $buf;
+    }
+    return $m->{seen};
+}
+sub deletes_of {
+    my ($m, $id) = @_;
+    my $seen = monitor_seen($m);
+    return scalar(() = $seen =~ /"(?:HDEL|ZREM)" "[^"]*" "\Q$id\E"/gi);
+}
+my $pair_born = time;
+my @pair = map { private_server(member_conf($total, "leave$rport", '1s'), cgi_not_cgid => 1) }
+           1 .. 2;
+my ($first, $second) = @pair;
+ok t_cmp(wait_until(sub { !grep { zone_stat($_, 'cz', 'ClusterMembers') != 2 } @pair }, 20), 1,
+         'two servers at a period of 1 s see each other');
+my $rows = "{leave$rport:cz}:rows";
+my ($id) = grep { /:\Q$first->{pid}\E\z/ } @{ redis_cmd('HKEYS', $rows) };
+$id //= 'none';
+my $mon = monitor_start();
+for my $sig ('USR1', 'HUP') {
+    my $old = sync_process_of($first) // 0;
+    kill $sig, $first->{pid};
+    wait_until(sub { my $p = sync_process_of($first); $p && $p != $old }, 20);
+}
+ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id), '0 1',
+         "a graceful restart then a restart: the row of $id stays, never deleted");
+# the second settled (a lease after its start): it may raise at once
+sleep $pair_born + 12 - time if time < $pair_born + 12;
+my $until = redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 0;
+$first->{stop}->();
+ok t_cmp(redis_cmd('HEXISTS', $rows, $id) . ' '
+         . (redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 'none') . ' '
+         . deletes_of($mon, $id), '0 none 2',
+         'the first stopped: its row and its expiry are gone (one HDEL, one ZREM)');
+$grew = wait_until(sub { zone_stat($second, 'cz', 'Limit') == $total }, 15);
+my $at = redis_ms();
+ok t_cmp($grew && $at < $until ? 1 : 0, 1, "and the second runs the whole total ($total) "
+         . 'before the lease of the first could have ended (' . ($until - $at) . ' ms before)');
+ok t_cmp($first->{log}->() . $second->{log}->(), qr/^(?!.*could not take its share out)/s,
+         'no server says it could not take its share out of Redis');
+$second->{stop}->();
+close $mon->{sock};
+
+# The sync process: the parent's child holding a connection to Redis.
+# Killed three times in a row, another starts each time (from the parent's
+# monitor, backing off), and only the first death is logged. Then the
+# parent killed with SIGKILL: the sync process ends with it.
+sub sync_process_of {
+    my ($srv) = @_;
+    my $redis = redis_sockets();
+    for my $kid (children_of($srv->{pid})) {
+        for my $fd (glob "/proc/$kid/fd/*") {
+            my $l = readlink($fd) // next;
+            return $kid if $l =~ /socket:\[(\d+)\]/ && $redis->{$1};
+        }
+    }
+    return;
+}
+my $solo = private_server(member_conf($total, "solo$rport"), cgi_not_cgid => 1);
+my $sp;
+wait_until(sub { $sp = sync_process_of($solo) }, 15);
+
+# What it holds: the standard descriptors (/dev/null), the error log, its
+# connection to Redis, closed at an exec (O_CLOEXEC in fdinfo's flags);
+# none of the parent's listeners, pipes or lock files.
+sub cloexec_of {
+    my ($pid, $fd) = @_;
+    open my $fh, '<', "/proc/$pid/fdinfo/$fd" or return 0;
+    while (<$fh>) {
+        return oct($1) & 02000000 ? 1 : 0 if /^flags:\s+([0-7]+)/;
+    }
+    return 0;
+}
+my ($connections, $open_on_exec, @other) = (0, 0);
+my $redis_inodes = redis_sockets();
+for my $fd (glob "/proc/$sp/fd/*") {
+    my $to = readlink($fd) // next;
+    my ($n) = $fd =~ /(\d+)\z/;
+    if ($to =~ /socket:\[(\d+)\]/ && $redis_inodes->{$1}) {
+        $connections++;
+        $open_on_exec++ unless cloexec_of($sp, $n);
+    }
+    elsif ($to ne '/dev/null' && $to ne "$solo->{dir}/error_log") {
+        push @other, "$n $to";
+    }
+}
+ok t_cmp(join(', ', @other), '', 'the sync process holds nothing of the parent\'s but the '
+         . 'standard descriptors and the error log');
+ok t_cmp("$connections $open_on_exec", '1 0', 'and one connection to Redis, closed at an exec');
+my $respawned = 0;
+for (1 .. 3) {
+    my $old = $sp or last;
+    kill 'KILL', $old;
+    $respawned++ if wait_until(sub { ($sp = sync_process_of($solo)) && $sp != $old }, 30);
+}
+my $ended = () = $solo->{log}->() =~ /the cluster sync process ended/g;
+ok t_cmp("$respawned $ended", '3 1', 'the sync process killed three times in a row: '
+         . 'started again each time, the first death logged only');
+my @kids = children_of($solo->{pid});
+kill 'KILL', $solo->{pid};
+ok t_cmp(wait_until(sub { !$sp || !kill 0, $sp }, 10), 1,
+         'the parent killed with SIGKILL: its sync process ends too');
+kill 'KILL', grep { kill 0, $_ } @kids;

@@ -2,6 +2,7 @@
  * cluster=: shares of a fleet's total by demand, on leases (at_cluster.h).
  */
 #include "at_cluster.h"
+#include "at_client.h"
 
 #include <apr_strings.h>
 #include <string.h>
@@ -36,6 +37,23 @@ const char *at_cluster_parse_fallback(const char *s, apr_uint32_t *kind, apr_uin
     *kind = AT_CLUSTER_FALLBACK_FIXED;
     *n = (apr_uint32_t)v;
     return NULL;
+}
+
+void at_cluster_make_id(char *id, const char *host, long pid)
+{
+    apr_size_t n = strlen(host), room;
+    char tail[64];
+
+    apr_snprintf(tail, sizeof(tail), ":%ld", pid);
+    if (n + strlen(tail) >= AT_CLUSTER_ID_MAX) {
+        /* "~" is in no host name: a short name never reads as a cut one */
+        apr_snprintf(tail, sizeof(tail), "~%016" APR_UINT64_T_HEX_FMT ":%ld",
+                     at_siphash24(0, 0, host, n), pid);
+    }
+    room = AT_CLUSTER_ID_MAX - 1 - strlen(tail);
+    n = n < room ? n : room;
+    memcpy(id, host, n);
+    apr_cpystrn(id + n, tail, AT_CLUSTER_ID_MAX - n);
 }
 
 void at_cluster_state_init(at_cluster_state_t *st, const char *id)

@@ -3,9 +3,10 @@
  * servers through Redis (at_cluster.h has the rules). One sync per server
  * and period, from a process of its own that the parent forks at each
  * (re)start and stops at the next: it never retires with a child, and it
- * goes on through a graceful stop while requests drain. A Lua script run
- * with EVALSHA writes this server's demand and share on a lease and returns
- * the others' in one round trip. The share is written into the zone as its
+ * goes on through a graceful stop while requests drain; at a stop it
+ * takes the server's rows out of Redis. A Lua script run with EVALSHA
+ * writes this server's demand and share on a lease and returns the
+ * others' in one round trip. The share is written into the zone as its
  * local limit, which every child's decision reads: no network call on the
  * request path, and no child holds a Redis connection.
  */
@@ -24,11 +25,13 @@
 #include "apr_strings.h"
 #include "apr_thread_proc.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,8 +78,14 @@ typedef struct {
 static apr_hash_t *clusters;         /* name -> cluster_def_t *, this cycle */
 static apr_array_header_t *cl_zones; /* cluster_zone_t *, after post_config */
 static apr_proc_t *sync_proc;        /* this generation's sync process */
-static apr_pool_t *sync_pool;        /* and its configuration's pool */
+static apr_pool_t *sync_pool;        /* its own, cleared at each start (pconf is locked) */
 static int sync_stopping;            /* the generation ends: not started again */
+static pid_t sync_pid;               /* kept apart: sync_pool is gone before pconf's cleanups */
+static pid_t sync_owner;             /* the parent that starts and stops it */
+static apr_time_t sync_retry_at;     /* when the parent's monitor starts another */
+static apr_interval_time_t sync_backoff; /* doubles at each early death */
+static apr_time_t sync_born;         /* when the running one was forked */
+static int sync_failing;             /* a failure was logged: quiet until one lives */
 
 /* ---- configuration ----------------------------------------------------- */
 
@@ -560,6 +569,32 @@ static int redis_sync(cluster_zone_t *cz, apr_int64_t deadline, apr_uint32_t hol
     }
     return ok;
 }
+
+/* KEYS: rows, expiries; ARGV: id. The row and its expiry go together: a
+ * row left without its expiry would outlive every lease. */
+static const char LEAVE_SCRIPT[] = "redis.call('HDEL', KEYS[1], ARGV[1])\n"
+                                   "return redis.call('ZREM', KEYS[2], ARGV[1])\n";
+
+/* httpd stops and its children are gone: this server's rows go, so that
+ * the others run its share now, not a lease later. Within timeout=. */
+static void redis_leave(cluster_zone_t *cz)
+{
+    const char *argv[] = {"EVAL", LEAVE_SCRIPT, "2", cz->keys[0], cz->keys[1], cz->st->id};
+    apr_int64_t deadline = at_now_us() + cz->def->timeout_us;
+    redisReply *r = NULL;
+
+    if (cz->redis || redis_connect(cz, deadline)) {
+        r = redis_call(cz, deadline, REDIS_REPLY_INTEGER, 6, argv);
+    }
+    if (!r) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, ap_server_conf, "cluster %s, zone %s: "
+                     "httpd stops but could not take its share out of Redis (the others "
+                     "get it when its lease ends): %s", cz->def->name, cz->ref->name,
+                     cz->err);
+        return;
+    }
+    freeReplyObject(r);
+}
 #endif
 
 /* The zone runs n from now: published for the next holder of its lock. A
@@ -654,16 +689,25 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
 
 /* ---- the sync process -------------------------------------------------- */
 
-static volatile sig_atomic_t sync_stop;
+/* The parent's word to a sync process at a stop (SIGTERM at a restart):
+ * the server leaves the fleet. */
+#define SYNC_SIG_LEAVE SIGUSR2
+
+static volatile sig_atomic_t sync_stop; /* 1: stop; 2: stop and leave */
 
 static void sync_on_signal(int sig)
 {
-    (void)sig;
-    sync_stop = 1;
+    if (sig == SYNC_SIG_LEAVE) {
+        sync_stop = 2;
+    }
+    else if (!sync_stop) {
+        sync_stop = 1; /* the parent's death after its word undoes nothing */
+    }
 }
 
-/* httpd signals its process group too (a restart, a stop): this process
- * ends at any of them but the graceful ones, which are its parent's alone. */
+/* SIGTERM (a restart, the parent's death), SIGHUP, SIGINT and
+ * SYNC_SIG_LEAVE end this process; httpd's graceful signals are not for
+ * it. */
 static void sync_signals(void)
 {
     struct sigaction sa;
@@ -675,6 +719,7 @@ static void sync_signals(void)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SYNC_SIG_LEAVE, &sa, NULL);
     sa.sa_handler = SIG_IGN;
     sigaction(AP_SIG_GRACEFUL, &sa, NULL);
     sigaction(SIGWINCH, &sa, NULL);
@@ -717,22 +762,74 @@ static void sync_loop(apr_pool_t *p, pid_t parent)
     }
 }
 
+/* Of what the parent had open, this process keeps the standard
+ * descriptors, the error log, and Unix datagram sockets (syslog's or
+ * journald's, which the C library would write to blindly were the number
+ * reused): no pipe, lock or log of the parent's is held open by it. */
+static void sync_close_inherited(void)
+{
+    apr_os_file_t log = -1;
+    struct dirent *e;
+    DIR *d;
+
+    if (ap_server_conf->error_log) {
+        apr_os_file_get(&log, ap_server_conf->error_log);
+    }
+    if (!(d = opendir("/proc/self/fd"))) {
+        return;
+    }
+    while ((e = readdir(d))) {
+        int fd = atoi(e->d_name), type = 0;
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof(type);
+
+        if (fd <= 2 || fd == log || fd == dirfd(d)) {
+            continue;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_DGRAM) {
+            len = sizeof(sa);
+            if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0
+                && sa.ss_family == AF_UNIX) {
+                continue;
+            }
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 static void sync_main(apr_pool_t *pconf, pid_t parent)
 {
     int i;
 
     sync_signals();
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    /* httpd's signals to its process group (prefork's SIGTERM at a stop,
+     * before the children are gone) reach it through the parent only */
+    setpgid(0, 0);
     ap_close_listeners();
+    sync_close_inherited();
     if (ap_run_drop_privileges(pconf, ap_server_conf) != 0) {
-        ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
-                     "process cannot drop its privileges: it stops");
+        if (!sync_failing) {
+            ap_log_error(APLOG_MARK, APLOG_EMERG, 0, ap_server_conf, "the cluster sync "
+                         "process cannot drop its privileges: it stops");
+        }
         _exit(1);
+    }
+    /* after the drop: changing credentials clears the death signal; and the
+     * parent may have died before it was set */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) {
+        _exit(0);
     }
     sync_loop(pconf, parent);
     for (i = 0; i < cl_zones->nelts; i++) {
 #ifdef HAVE_HIREDIS
-        redis_drop(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *));
+        cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
+
+        if (sync_stop == 2) {
+            redis_leave(cz);
+        }
+        redis_drop(cz);
 #endif
     }
     _exit(0); /* never the parent's cleanups */
@@ -740,29 +837,58 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 
 static void sync_maint(int reason, void *data, apr_wait_t status);
 
-static void sync_start(apr_pool_t *pconf)
+/* a sync process that lived this long was not failing at start */
+#define AT_SYNC_LIVED_LONG apr_time_from_sec(60)
+
+/* Another try after a failure: 1 s, doubling to 30 s while they keep
+ * failing at once. */
+static void sync_retry_later(void)
+{
+    apr_time_t now = apr_time_now();
+
+    if (sync_born && now - sync_born > AT_SYNC_LIVED_LONG) {
+        sync_backoff = 0;
+        sync_failing = 0;
+    }
+    sync_backoff = sync_backoff ? sync_backoff * 2 : apr_time_from_sec(1);
+    if (sync_backoff > apr_time_from_sec(30)) {
+        sync_backoff = apr_time_from_sec(30);
+    }
+    sync_retry_at = now + sync_backoff;
+    sync_born = 0;
+}
+
+static void sync_start(void)
 {
     pid_t parent = getpid();
     apr_status_t rv;
 
-    sync_pool = pconf;
-    sync_proc = apr_pcalloc(pconf, sizeof(*sync_proc));
-    rv = apr_proc_fork(sync_proc, pconf);
+    apr_pool_clear(sync_pool);
+    sync_proc = apr_pcalloc(sync_pool, sizeof(*sync_proc));
+    sync_born = apr_time_now();
+    rv = apr_proc_fork(sync_proc, sync_pool);
     if (rv == APR_INCHILD) {
-        sync_main(pconf, parent);
+        sync_main(sync_pool, parent);
     }
     if (rv != APR_INPARENT) {
-        ap_log_error(APLOG_MARK, APLOG_ERR, rv, ap_server_conf, "cannot start the cluster "
-                     "sync process: the cluster zones keep their limits until their lease "
-                     "ends, then run their fallback");
+        if (!sync_failing) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, rv, ap_server_conf, "cannot start the "
+                         "cluster sync process (tried again, backing off to 30 s): the "
+                         "cluster zones keep their limits until their lease ends, then "
+                         "run their fallback");
+        }
+        sync_failing = 1;
         sync_proc = NULL;
+        sync_retry_later();
         return;
     }
-    apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, pconf);
+    sync_pid = sync_proc->pid;
+    setpgid(sync_pid, sync_pid); /* as it does itself: whichever runs first */
+    apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, sync_pool);
 }
 
-/* The parent reaped the sync process: it died on its own. Another, unless
- * httpd stops or restarts. */
+/* The parent reaped the sync process: it died on its own. The monitor starts
+ * another, unless httpd stops or restarts. */
 static void sync_maint(int reason, void *data, apr_wait_t status)
 {
     int mpm_state = AP_MPMQ_STOPPING;
@@ -772,38 +898,52 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     }
     apr_proc_other_child_unregister(data);
     sync_proc = NULL;
+    sync_pid = 0;
     ap_mpm_query(AP_MPMQ_MPM_STATE, &mpm_state);
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
-                 "ended (status %d): starting another", (int)status);
-    sync_start(sync_pool);
+    if (!sync_failing || (sync_born && apr_time_now() - sync_born > AT_SYNC_LIVED_LONG)) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
+                     "ended (status %d): starting another", (int)status);
+    }
+    sync_failing = 1;
+    sync_retry_later();
 }
 
-/* Before the next generation reads its configuration: this one's sync
- * process ends (within its timeout=, since it finishes the sync under
- * way), waited for a bounded time, then killed. */
+/* Before the next generation reads its configuration, or at the exit:
+ * this generation's sync process ends (within its timeout=, since it
+ * finishes the sync under way), waited for a bounded time, then killed.
+ * At the exit (a stop, graceful or not: pconf goes with the process only
+ * then, after the MPM has reaped its children or, prefork's graceful stop
+ * past its timeout, sent them SIGTERM) it first takes this server out of
+ * the fleet. */
 static apr_status_t sync_stop_process(void *data)
 {
     apr_interval_time_t waited = 0;
+    int leave = ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_EXITING;
     (void)data;
 
+    if (getpid() != sync_owner) {
+        return APR_SUCCESS; /* a child's copy of pconf: not its process */
+    }
     sync_stopping = 1;
-    if (!sync_proc) {
+    if (!sync_pid) {
         return APR_SUCCESS;
     }
-    kill(sync_proc->pid, SIGTERM);
-    while (waitpid(sync_proc->pid, NULL, WNOHANG) == 0) {
-        if (waited >= apr_time_from_sec(2)) {
-            kill(sync_proc->pid, SIGKILL);
-            waitpid(sync_proc->pid, NULL, 0);
-            break;
+    kill(sync_pid, leave ? SYNC_SIG_LEAVE : SIGTERM);
+    while (waitpid(sync_pid, NULL, WNOHANG) == 0) {
+        if (waited >= apr_time_from_sec(3)) {
+            break; /* the parent's main loop reaps it later */
+        }
+        if (waited == apr_time_from_sec(2)) {
+            kill(sync_pid, SIGKILL);
         }
         apr_sleep(5000);
         waited += 5000;
     }
     sync_proc = NULL;
+    sync_pid = 0;
     return APR_SUCCESS;
 }
 
@@ -817,6 +957,10 @@ static int cluster_monitor(apr_pool_t *p, server_rec *s)
     int i;
     (void)p;
 
+    if (cl_zones && cl_zones->nelts && !sync_proc && !sync_stopping
+        && getpid() == sync_owner && apr_time_now() >= sync_retry_at) {
+        sync_start();
+    }
     for (i = 0; cl_zones && i < cl_zones->nelts; i++) {
         cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
         at_cluster_state_t *st = cz->st;
@@ -867,8 +1011,7 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
 {
     apr_hash_t *refs = at_zone_refs();
     apr_hash_index_t *hi;
-    char host[256] = "localhost";
-    const char *id;
+    char host[256] = "localhost", id[AT_CLUSTER_ID_MAX];
     (void)plog;
 
     if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG || !clusters) {
@@ -876,7 +1019,7 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
     }
     gethostname(host, sizeof(host) - 1);
     /* the parent's pid: the same across graceful restarts */
-    id = apr_psprintf(pconf, "%s:%ld", host, (long)getpid());
+    at_cluster_make_id(id, host, (long)getpid());
     cl_zones = apr_array_make(pconf, 2, sizeof(cluster_zone_t *));
     for (hi = refs ? apr_hash_first(ptemp, refs) : NULL; hi; hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);
@@ -899,11 +1042,36 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
     }
     sync_stopping = 0;
     sync_proc = NULL;
+    sync_pid = 0;
+    sync_owner = getpid();
+    sync_backoff = 0;
+    sync_failing = 0;
+    sync_born = 0;
     if (cl_zones->nelts) {
+        apr_pool_create(&sync_pool, pconf);
         apr_pool_cleanup_register(pconf, NULL, sync_stop_process, apr_pool_cleanup_null);
-        sync_start(pconf);
+        sync_start();
     }
     return OK;
+}
+
+/* Only the sync process talks to Redis: no other child keeps its password. */
+static void cluster_child_init(apr_pool_t *p, server_rec *s)
+{
+    apr_hash_index_t *hi;
+    (void)s;
+
+    for (hi = clusters ? apr_hash_first(p, clusters) : NULL; hi; hi = apr_hash_next(hi)) {
+        cluster_def_t *d = apr_hash_this_val(hi);
+
+        if (d->password) {
+            volatile char *c = (volatile char *)d->password;
+
+            while (*c) {
+                *c++ = 0;
+            }
+        }
+    }
 }
 
 void at_cluster_register_hooks(void)
@@ -913,4 +1081,5 @@ void at_cluster_register_hooks(void)
     /* last: the zones are laid, and other modules' processes forked */
     ap_hook_post_config(cluster_post_config, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_monitor(cluster_monitor, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_child_init(cluster_child_init, NULL, NULL, APR_HOOK_MIDDLE);
 }

@@ -1,12 +1,12 @@
 /*
- * Unit tests of cluster=: the fair shares, the store's grant, and a fleet
- * simulated on one clock: 2 to 10 servers (and a hundred), demands
- * changing at random, joins, leaves, deaths, the store down or restarted
- * empty. Every step checks that what the live servers may run sums to the
- * total at most while the store answers; a dead server's share is in use
- * within a lease and two periods; shares follow demand. A deliberately
- * broken grant (raising before the others gave back) is caught by the
- * same check.
+ * Unit tests of cluster=: the fair shares, the store's grant, the members'
+ * ids, and a fleet simulated on one clock: 2 to 10 servers (and a
+ * hundred), demands changing at random, joins, leaves, deaths, the store
+ * down or restarted empty. Every step checks that what the live servers
+ * may run sums to the total at most while the store answers; a dead
+ * server's share is in use within a lease and two periods; shares follow
+ * demand. A deliberately broken grant (raising before the others gave
+ * back) is caught by the same check.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -204,7 +204,7 @@ static void sim_step(sim_t *s)
         server_run(v);
         if (s->now_us >= v->next_sync_us) {
             server_sync(s, i);
-            /* the watchdog's slices make periods a little uneven */
+            /* a sync's own time makes periods a little uneven */
             v->next_sync_us = s->now_us + s->conf.period_us + draw(s, 3) * STEP_US;
         }
     }
@@ -408,6 +408,53 @@ static void test_zone_keys(void **state)
     assert_non_null(parse_words(p, "limit=4 cluster=f cluster_fallback=most", &c));
     assert_non_null(parse_words(p, "limit=4 cluster=a/b", &c));
     apr_pool_destroy(p);
+}
+
+/* Ids: "host:pid" while it fits; a longer host cut, with a hash of the
+ * whole name, so that hosts alike for as long as an id stay apart (two
+ * servers counted as one would together run twice their share). */
+static void test_ids_unique_whatever_the_host(void **state)
+{
+    char a[AT_CLUSTER_ID_MAX], b[AT_CLUSTER_ID_MAX], host[300];
+    const char *common = "node-0123456789.rack-0123456789.zone-0123456789.example-0123";
+    apr_size_t n;
+    (void)state;
+
+    at_cluster_make_id(a, "web1.example.com", 4321);
+    assert_string_equal(a, "web1.example.com:4321");
+    /* the longest host kept whole, and one byte more */
+    memset(host, 'h', sizeof(host));
+    n = AT_CLUSTER_ID_MAX - 1 - strlen(":4194304");
+    host[n] = '\0';
+    at_cluster_make_id(a, host, 4194304);
+    assert_int_equal(strlen(a), AT_CLUSTER_ID_MAX - 1);
+    assert_memory_equal(a, host, n);
+    host[n] = 'h';
+    host[n + 1] = '\0';
+    at_cluster_make_id(b, host, 4194304);
+    assert_string_not_equal(a, b);
+    assert_non_null(strchr(b, '~'));
+    assert_string_equal(strrchr(b, ':'), ":4194304");
+    assert_true(strlen(b) < AT_CLUSTER_ID_MAX);
+    /* two hosts alike for 60 bytes, then different: two ids, each ending
+     * in the pid, and the same id again for the same host and pid */
+    assert_int_equal(strlen(common), 60);
+    apr_snprintf(host, sizeof(host), "%s-a.example", common);
+    at_cluster_make_id(a, host, 77);
+    apr_snprintf(host, sizeof(host), "%s-b.example", common);
+    at_cluster_make_id(b, host, 77);
+    assert_string_not_equal(a, b);
+    assert_string_equal(strrchr(a, ':'), ":77");
+    assert_string_equal(strrchr(b, ':'), ":77");
+    assert_memory_equal(a, common, 30);
+    at_cluster_make_id(a, host, 77);
+    assert_string_equal(a, b);
+    /* a host of 255 bytes, the most a name has */
+    memset(host, 'x', 255);
+    host[255] = '\0';
+    at_cluster_make_id(a, host, 1);
+    assert_true(strlen(a) < AT_CLUSTER_ID_MAX);
+    assert_string_equal(strrchr(a, ':'), ":1");
 }
 
 /* ---- the fleet --------------------------------------------------------- */
@@ -755,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_floor_judged_on_the_whole_fleet),
         cmocka_unit_test(test_even_fallback_keeps_the_cap),
         cmocka_unit_test(test_zone_keys),
+        cmocka_unit_test(test_ids_unique_whatever_the_host),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
         cmocka_unit_test(test_store_down_falls_back_then_shares_again),
