@@ -407,7 +407,7 @@ typedef struct zone_here {
     at_abort_fn fn;
     void *ctx;
     apr_uint32_t *word;
-    int gone;   /* its client has gone: set by the process's checker */
+    int gone;   /* its client has gone: set by the checker or the waiter, 0 -> 1 only */
     int pinned; /* the checker is looking at its client: it may not leave */
 } zone_here_t;
 void zone_here_join(zone_here_t *me, at_zone_t *z, at_abort_fn fn, void *ctx,
