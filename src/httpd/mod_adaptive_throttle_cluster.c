@@ -147,6 +147,7 @@ static const char *read_password(apr_pool_t *p, cluster_def_t *d, const char *pa
     }
     line[strcspn(line, "\r\n")] = '\0';
     d->password = apr_pstrdup(p, line);
+    explicit_bzero(line, sizeof(line));
     return NULL;
 }
 
@@ -844,7 +845,7 @@ static void sync_maint(int reason, void *data, apr_wait_t status);
  * failing at once. */
 static void sync_retry_later(void)
 {
-    apr_time_t now = apr_time_now();
+    apr_time_t now = at_now_us();
 
     if (sync_born && now - sync_born > AT_SYNC_LIVED_LONG) {
         sync_backoff = 0;
@@ -865,7 +866,7 @@ static void sync_start(void)
 
     apr_pool_clear(sync_pool);
     sync_proc = apr_pcalloc(sync_pool, sizeof(*sync_proc));
-    sync_born = apr_time_now();
+    sync_born = at_now_us();
     rv = apr_proc_fork(sync_proc, sync_pool);
     if (rv == APR_INCHILD) {
         sync_main(sync_pool, parent);
@@ -887,8 +888,9 @@ static void sync_start(void)
     apr_proc_other_child_register(sync_proc, sync_maint, sync_proc, NULL, sync_pool);
 }
 
-/* The parent reaped the sync process: it died on its own. The monitor starts
- * another, unless httpd stops or restarts. */
+/* The parent reaped the sync process: it died on its own. Another starts at
+ * once, or from the monitor, backing off, when one died soon after the
+ * last; none when httpd stops or restarts. */
 static void sync_maint(int reason, void *data, apr_wait_t status)
 {
     int mpm_state = AP_MPMQ_STOPPING;
@@ -903,11 +905,17 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    if (!sync_failing || (sync_born && apr_time_now() - sync_born > AT_SYNC_LIVED_LONG)) {
+    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_SYNC_LIVED_LONG)) {
+        /* at once, as its lease still runs: the monitor, seconds away, would
+         * let Redis hand this server's share to others while it still runs
+         * it; only deaths that follow quickly wait for the monitor */
         ap_log_error(APLOG_MARK, APLOG_ERR, 0, ap_server_conf, "the cluster sync process "
                      "ended (status %d): starting another", (int)status);
+        sync_failing = 1;
+        sync_backoff = 0;
+        sync_start();
+        return;
     }
-    sync_failing = 1;
     sync_retry_later();
 }
 
@@ -958,7 +966,7 @@ static int cluster_monitor(apr_pool_t *p, server_rec *s)
     (void)p;
 
     if (cl_zones && cl_zones->nelts && !sync_proc && !sync_stopping
-        && getpid() == sync_owner && apr_time_now() >= sync_retry_at) {
+        && getpid() == sync_owner && at_now_us() >= sync_retry_at) {
         sync_start();
     }
     for (i = 0; cl_zones && i < cl_zones->nelts; i++) {
