@@ -89,6 +89,7 @@ bench_env_record() {
     mkdir -p "$dir"
     {
         echo "commit=$(bench_commit)"
+        echo "version=$(sed -n 's/^AC_INIT(\[[^]]*\], *\[\([^]]*\)\].*/\1/p' configure.ac 2>/dev/null)"
         echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "kernel=$(uname -r)"
         echo "cpu_model=$(awk -F': *' '$1 ~ /^model name/ {print $2; exit}' /proc/cpuinfo)"
@@ -119,11 +120,14 @@ bench_env_get() {
 # the environment the run in DIR recorded when it started (bench_env_record).
 # bench/BenchEnv.pm gives the Perl reports this same paragraph.
 bench_env() {
-    local dir=${1:?bench_env: the run directory whose env to read} commit pins t tools=""
+    local dir=${1:?bench_env: the run directory whose env to read} commit pins t tools="" built
+    # the version, not the commit: reports are docs, the commit stays in the
+    # run's env and in the git log of the report
     commit=$(bench_env_get "$dir" commit) || return 1
+    built="mod_adaptive_throttle $(bench_env_get "$dir" version)"
+    [ "$built" != "mod_adaptive_throttle " ] || built="mod_adaptive_throttle (a run that noted no version)"
     case $commit in
-    unknown|"") commit="an unknown commit (out of git)" ;;
-    *) commit="commit \`$commit\`" ;;
+    *+dirty) built="$built with local changes" ;;
     esac
     if [ -n "$(bench_env_get "$dir" server_cpus)" ]; then
         pins="server on $(bench_cores_named "$(bench_env_get "$dir" server_cpus)"),"
@@ -138,7 +142,7 @@ bench_env() {
     done
     t=$(bench_env_get "$dir" cpu_model)
     printf 'Ran on %s, %s; Linux %s; %s, %s cores online; %s; %s.\n\n' \
-        "$commit" "$(bench_env_get "$dir" date)" "$(bench_env_get "$dir" kernel)" \
+        "$built" "$(bench_env_get "$dir" date)" "$(bench_env_get "$dir" kernel)" \
         "${t:-$(bench_env_get "$dir" machine)}" "$(bench_env_get "$dir" cores_online)" \
         "$pins" "${tools#, }"
 }
@@ -154,7 +158,7 @@ bench_envs() {
         [ -r "$dir/env" ] || { bench_env_get "$dir" commit; return 1; }
         if [ -z "$first" ]; then
             first=$dir
-        elif ! cmp -s <(grep -v '^date=' "$first/env") <(grep -v '^date=' "$dir/env"); then
+        elif ! cmp -s <(grep -Ev '^(date|commit)=' "$first/env") <(grep -Ev '^(date|commit)=' "$dir/env"); then
             same=0
         fi
     done
