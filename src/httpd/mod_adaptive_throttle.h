@@ -152,7 +152,7 @@ int at_size_zones(server_rec *s, apr_pool_t *p);
 void at_warn_if_workers_short(server_rec *s, apr_pool_t *p);
 void at_workers_register_hooks(void);
 
-/* ThrottleCluster and cluster= zones (mod_adaptive_throttle_cluster.c):
+/* ThrottleCluster and cluster= zones (mod_adaptive_throttle_cluster*.c):
  * the directive, the value of cluster= among a zone's words, the limit a
  * cluster zone starts a generation with (kept: the share it runs; new:
  * none until granted), and its shared state for the status page (NULL
