@@ -74,6 +74,12 @@ static const char *parse_url(apr_pool_t *p, cluster_def_t *d, const char *url)
     return NULL;
 }
 
+static apr_status_t wipe_secret(void *secret)
+{
+    explicit_bzero(secret, strlen(secret));
+    return APR_SUCCESS;
+}
+
 /* The first line of the file: a password kept out of the configuration. */
 static const char *read_password(apr_pool_t *p, cluster_def_t *d, const char *path)
 {
@@ -94,6 +100,9 @@ static const char *read_password(apr_pool_t *p, cluster_def_t *d, const char *pa
     line[strcspn(line, "\r\n")] = '\0';
     d->password = apr_pstrdup(p, line);
     explicit_bzero(line, sizeof(line));
+    /* a configuration read and dropped (the first pass, the generation
+     * before a restart) leaves no copy for the next children to inherit */
+    apr_pool_cleanup_register(p, d->password, wipe_secret, apr_pool_cleanup_null);
     return NULL;
 }
 
@@ -345,11 +354,7 @@ static void cluster_child_init(apr_pool_t *p, server_rec *s)
         cluster_def_t *d = apr_hash_this_val(hi);
 
         if (d->password) {
-            volatile char *c = (volatile char *)d->password;
-
-            while (*c) {
-                *c++ = 0;
-            }
+            wipe_secret((char *)d->password);
         }
     }
 }

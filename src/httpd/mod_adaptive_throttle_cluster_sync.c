@@ -22,7 +22,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -254,9 +253,7 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
         }
         _exit(1);
     }
-    /* after the drop: changing credentials clears the death signal; and the
-     * parent may have died before it was set */
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    /* the parent may be gone already; later, the loop looks every 100 ms */
     if (getppid() != parent) {
         _exit(0);
     }
