@@ -11,7 +11,8 @@
 # configurations fail at configtest. A stop takes the server's row out of
 # Redis at once; restarts keep it. The sync process holds no descriptor of
 # the parent's but the logs; killed, it is started again, backing off, its
-# first death logged only. The parent killed with a CGI running: the
+# first death logged only; signals from others than the parent are
+# ignored. The parent killed with a CGI running: the
 # orphaned children refuse, the row is held until the CGI ends, then the
 # sync process leaves and exits.
 use strict;
@@ -27,7 +28,7 @@ use IO::Select;
 use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 45, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 46, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -484,6 +485,18 @@ for my $fd (glob "/proc/$sp/fd/*") {
 ok t_cmp(join(', ', @other), '', 'the sync process holds nothing of the parent\'s but the '
          . 'standard descriptors and the error log');
 ok t_cmp("$connections $open_on_exec", '1 0', 'and one connection to Redis, closed at an exec');
+# SIGUSR2 (leave) and SIGTERM from another process than the parent (a CGI
+# of the same User could send them): ignored, the process and its row stay.
+my ($solo_id) = grep { /:\Q$solo->{pid}\E\z/ } @{ redis_cmd('HKEYS', "{solo$rport:cz}:rows") };
+$solo_id //= 'none';
+my $smon = monitor_start();
+kill $_, $sp for 'USR2', 'TERM';
+sleep 2;
+ok t_cmp(join(' ', (kill(0, $sp) && (sync_process_of($solo) // 0) == $sp ? 1 : 0),
+              deletes_of($smon, $solo_id), redis_cmd('HEXISTS', "{solo$rport:cz}:rows", $solo_id)),
+         '1 0 1', 'SIGUSR2 and SIGTERM from another process: the sync process runs on, '
+         . 'its row never deleted');
+close $smon->{sock};
 my $respawned = 0;
 for (1 .. 3) {
     my $old = $sp or last;

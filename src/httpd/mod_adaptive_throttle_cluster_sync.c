@@ -207,31 +207,44 @@ static void sync_orphans(apr_pool_t *p)
  * the server leaves the fleet. */
 #define SYNC_SIG_LEAVE SIGUSR2
 
-static void sync_on_signal(int sig)
+static pid_t sync_parent; /* the only sender obeyed */
+
+/* A signal counts only if the parent sent it: a CGI of the same User must
+ * not make the server leave the fleet, and an outside SIGTERM (pkill)
+ * leaves it to follow its server's life. The kernel's own are ignored too:
+ * the parent's death is seen by the loop's poll. */
+static void sync_on_signal(int sig, siginfo_t *si, void *uctx)
 {
+    (void)uctx;
+    if (si->si_code > 0 || si->si_pid != sync_parent) {
+        return;
+    }
     if (sig == SYNC_SIG_LEAVE) {
         sync_stop = 2;
     }
     else if (!sync_stop) {
-        sync_stop = 1; /* the parent's death after its word undoes nothing */
+        sync_stop = 1; /* a later word undoes no leave */
     }
 }
 
-/* SIGTERM (a restart, the parent's death), SIGHUP, SIGINT and
- * SYNC_SIG_LEAVE end this process; httpd's graceful signals are not for
- * it. */
-static void sync_signals(void)
+/* SIGTERM (a restart), SIGHUP, SIGINT and SYNC_SIG_LEAVE from the parent
+ * end this process; httpd's graceful signals are not for it. Handlers
+ * block every signal: they do not nest. */
+static void sync_signals(pid_t parent)
 {
     struct sigaction sa;
     sigset_t none;
 
+    sync_parent = parent;
     memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_handler = sync_on_signal;
+    sigfillset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    sa.sa_sigaction = sync_on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SYNC_SIG_LEAVE, &sa, NULL);
+    sa.sa_flags = 0;
     sa.sa_handler = SIG_IGN;
     sigaction(AP_SIG_GRACEFUL, &sa, NULL);
     sigaction(SIGWINCH, &sa, NULL);
@@ -314,7 +327,7 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 {
     int i;
 
-    sync_signals();
+    sync_signals(parent);
     /* httpd's signals to its process group (prefork's SIGTERM at a stop,
      * before the children are gone) reach it through the parent only */
     setpgid(0, 0);
