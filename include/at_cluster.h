@@ -89,11 +89,13 @@ typedef struct {
     at_cluster_member_t peers[AT_CLUSTER_PEERS_MAX]; /* the others, last seen */
 } at_cluster_state_t;
 
-/* A server's id in the store, "host:pid" (the parent's pid), into id of
- * AT_CLUSTER_ID_MAX bytes. A host too long for it keeps its first bytes,
- * then "~" and a hash of the whole name: two names alike for as long as
- * the id still differ. */
-void at_cluster_make_id(char *id, const char *host, long pid);
+/* A server's id in the store, "host:nonce:pid" (the parent's pid, and a
+ * random nonce drawn once in the parent's life, in 16 hex digits: two
+ * containers of one host name, each its parent PID 1, still differ), into
+ * id of AT_CLUSTER_ID_MAX bytes. A host too long for it keeps its first
+ * bytes, then "~" and a hash of the whole name: two names alike for as
+ * long as the id still differ. */
+void at_cluster_make_id(char *id, const char *host, long pid, apr_uint64_t nonce);
 
 /* A member that has never synced runs nothing (limit 0): it raises only
  * into capacity the store grants. */

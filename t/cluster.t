@@ -9,7 +9,7 @@
 # parent's, not in a child). No CGI inherits a connection to Redis. A
 # restart that raises the total beyond the zone's memory lays it anew. Bad
 # configurations fail at configtest. A stop takes the server's row out of
-# Redis at once; restarts keep it. The sync process holds no descriptor of
+# Redis at once; restarts keep it, and the id. The sync process holds no descriptor of
 # the parent's but the logs; killed, it is started again, backing off, its
 # first death logged only; signals from others than the parent are
 # ignored. The parent killed with a CGI running: the
@@ -420,8 +420,10 @@ for my $sig ('USR1', 'HUP') {
     kill $sig, $first->{pid};
     wait_until(sub { my $p = sync_process_of($first); $p && $p != $old }, 20);
 }
-ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id), '0 1',
-         "a graceful restart then a restart: the row of $id stays, never deleted");
+ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id) . ' '
+         . scalar(grep { /:\Q$first->{pid}\E\z/ } @{ redis_cmd('HKEYS', $rows) }), '0 1 1',
+         "a graceful restart then a restart: the row of $id stays, never deleted, "
+         . 'the only one of its server (the id, nonce and all, unchanged)');
 # the second settled (a lease after its start): it may raise at once
 sleep $pair_born + 12 - time if time < $pair_born + 12;
 my $until = redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 0;
