@@ -358,23 +358,17 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 
 static void sync_maint(int reason, void *data, apr_wait_t status);
 
-/* a sync process that lived this long was not failing at start */
-#define AT_SYNC_LIVED_LONG apr_time_from_sec(60)
-
-/* Another try after a failure: 1 s, doubling to 30 s while they keep
- * failing at once. */
+/* Another try after a failure, backing off (at_cluster_retry_backoff);
+ * one that lived long ends a run of failures: the next is logged. */
 static void sync_retry_later(void)
 {
     apr_time_t now = at_now_us();
+    apr_int64_t lived = sync_born ? now - sync_born : -1;
 
-    if (sync_born && now - sync_born > AT_SYNC_LIVED_LONG) {
-        sync_backoff = 0;
+    if (lived > AT_CLUSTER_LIVED_LONG_US) {
         sync_failing = 0;
     }
-    sync_backoff = sync_backoff ? sync_backoff * 2 : apr_time_from_sec(1);
-    if (sync_backoff > apr_time_from_sec(30)) {
-        sync_backoff = apr_time_from_sec(30);
-    }
+    sync_backoff = at_cluster_retry_backoff(sync_backoff, lived);
     sync_retry_at = now + sync_backoff;
     sync_born = 0;
 }
@@ -425,7 +419,7 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_SYNC_LIVED_LONG)) {
+    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_CLUSTER_LIVED_LONG_US)) {
         /* at once, as its lease still runs: the monitor, seconds away, would
          * let Redis hand this server's share to others while it still runs
          * it; only deaths that follow quickly wait for the monitor */

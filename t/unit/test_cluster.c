@@ -482,6 +482,33 @@ static void test_ids_apart_by_nonce(void **state)
     }
 }
 
+/* The sync process's restarts: 1 s, doubling to 30 s while each dies
+ * soon; one that lived over a minute starts the doubling anew. */
+static void test_retry_backoff(void **state)
+{
+    const apr_int64_t s1 = APR_INT64_C(1000000), soon = 2 * s1;
+    apr_int64_t b = 0, seen[7];
+    int i;
+    (void)state;
+
+    for (i = 0; i < 7; i++) {
+        seen[i] = b = at_cluster_retry_backoff(b, soon);
+    }
+    assert_int_equal(seen[0], 1 * s1);
+    assert_int_equal(seen[1], 2 * s1);
+    assert_int_equal(seen[2], 4 * s1);
+    assert_int_equal(seen[3], 8 * s1);
+    assert_int_equal(seen[4], 16 * s1);
+    assert_int_equal(seen[5], 30 * s1);
+    assert_int_equal(seen[6], 30 * s1);
+    /* never started (no life known): doubles as well */
+    assert_int_equal(at_cluster_retry_backoff(4 * s1, -1), 8 * s1);
+    /* lived a minute exactly: still the run; past it: anew */
+    assert_int_equal(at_cluster_retry_backoff(16 * s1, AT_CLUSTER_LIVED_LONG_US), 30 * s1);
+    assert_int_equal(at_cluster_retry_backoff(30 * s1, AT_CLUSTER_LIVED_LONG_US + 1), s1);
+    assert_int_equal(at_cluster_retry_backoff(0, AT_CLUSTER_LIVED_LONG_US + 1), s1);
+}
+
 /* ---- the fleet --------------------------------------------------------- */
 
 static void test_shares_follow_demand(void **state)
@@ -829,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_ids_unique_whatever_the_host),
         cmocka_unit_test(test_ids_apart_by_nonce),
+        cmocka_unit_test(test_retry_backoff),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
         cmocka_unit_test(test_store_down_falls_back_then_shares_again),
