@@ -89,11 +89,13 @@ typedef struct {
     at_cluster_member_t peers[AT_CLUSTER_PEERS_MAX]; /* the others, last seen */
 } at_cluster_state_t;
 
-/* A server's id in the store, "host:pid" (the parent's pid), into id of
- * AT_CLUSTER_ID_MAX bytes. A host too long for it keeps its first bytes,
- * then "~" and a hash of the whole name: two names alike for as long as
- * the id still differ. */
-void at_cluster_make_id(char *id, const char *host, long pid);
+/* A server's id in the store, "host:nonce:pid" (the parent's pid, and a
+ * random nonce drawn once in the parent's life, in 16 hex digits: two
+ * containers of one host name, each its parent PID 1, still differ), into
+ * id of AT_CLUSTER_ID_MAX bytes. A host too long for it keeps its first
+ * bytes, then "~" and a hash of the whole name: two names alike for as
+ * long as the id still differ. */
+void at_cluster_make_id(char *id, const char *host, long pid, apr_uint64_t nonce);
 
 /* A member that has never synced runs nothing (limit 0): it raises only
  * into capacity the store grants. */
@@ -165,5 +167,15 @@ apr_uint32_t at_cluster_fallback_limit(const at_cluster_conf_t *c,
  * split do not run beside others still running their larger shares. */
 apr_uint32_t at_cluster_run_fallback(const at_cluster_conf_t *c, at_cluster_state_t *st,
                                      apr_uint32_t limit, apr_int64_t now_us);
+
+/* The sync process's restarts after it died soon after its start: the
+ * wait before the next, from the last wait (0: none yet) and how long the
+ * one that died lived (negative: it never started). 1 s, doubling to
+ * 30 s; one that lived past AT_CLUSTER_LIVED_LONG_US was not failing at
+ * start, and the doubling begins anew. */
+#define AT_CLUSTER_LIVED_LONG_US (60 * APR_INT64_C(1000000))
+#define AT_CLUSTER_RETRY_FIRST_US APR_INT64_C(1000000)
+#define AT_CLUSTER_RETRY_MAX_US (30 * APR_INT64_C(1000000))
+apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us, apr_int64_t lived_us);
 
 #endif

@@ -9,9 +9,12 @@
 # parent's, not in a child). No CGI inherits a connection to Redis. A
 # restart that raises the total beyond the zone's memory lays it anew. Bad
 # configurations fail at configtest. A stop takes the server's row out of
-# Redis at once; restarts keep it. The sync process holds no descriptor of
+# Redis at once; restarts keep it, and the id. The sync process holds no descriptor of
 # the parent's but the logs; killed, it is started again, backing off, its
-# first death logged only; it ends with its parent.
+# first death logged only; signals from others than the parent are
+# ignored. The parent killed with a CGI running: the
+# orphaned children refuse, the row is held until the CGI ends, then the
+# sync process leaves and exits.
 use strict;
 use warnings FATAL => 'all';
 use Apache::Test;
@@ -25,7 +28,7 @@ use IO::Select;
 use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 40, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 46, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -417,8 +420,10 @@ for my $sig ('USR1', 'HUP') {
     kill $sig, $first->{pid};
     wait_until(sub { my $p = sync_process_of($first); $p && $p != $old }, 20);
 }
-ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id), '0 1',
-         "a graceful restart then a restart: the row of $id stays, never deleted");
+ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id) . ' '
+         . scalar(grep { /:\Q$first->{pid}\E\z/ } @{ redis_cmd('HKEYS', $rows) }), '0 1 1',
+         "a graceful restart then a restart: the row of $id stays, never deleted, "
+         . 'the only one of its server (the id, nonce and all, unchanged)');
 # the second settled (a lease after its start): it may raise at once
 sleep $pair_born + 12 - time if time < $pair_born + 12;
 my $until = redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 0;
@@ -482,6 +487,18 @@ for my $fd (glob "/proc/$sp/fd/*") {
 ok t_cmp(join(', ', @other), '', 'the sync process holds nothing of the parent\'s but the '
          . 'standard descriptors and the error log');
 ok t_cmp("$connections $open_on_exec", '1 0', 'and one connection to Redis, closed at an exec');
+# SIGUSR2 (leave) and SIGTERM from another process than the parent (a CGI
+# of the same User could send them): ignored, the process and its row stay.
+my ($solo_id) = grep { /:\Q$solo->{pid}\E\z/ } @{ redis_cmd('HKEYS', "{solo$rport:cz}:rows") };
+$solo_id //= 'none';
+my $smon = monitor_start();
+kill $_, $sp for 'USR2', 'TERM';
+sleep 2;
+ok t_cmp(join(' ', (kill(0, $sp) && (sync_process_of($solo) // 0) == $sp ? 1 : 0),
+              deletes_of($smon, $solo_id), redis_cmd('HEXISTS', "{solo$rport:cz}:rows", $solo_id)),
+         '1 0 1', 'SIGUSR2 and SIGTERM from another process: the sync process runs on, '
+         . 'its row never deleted');
+close $smon->{sock};
 my $respawned = 0;
 for (1 .. 3) {
     my $old = $sp or last;
@@ -496,3 +513,43 @@ kill 'KILL', $solo->{pid};
 ok t_cmp(wait_until(sub { !$sp || !kill 0, $sp }, 10), 1,
          'the parent killed with SIGKILL: its sync process ends too');
 kill 'KILL', grep { kill 0, $_ } @kids;
+
+# The parent killed with SIGKILL while a CGI (its headers sent, then
+# asleep until the test releases it) runs in a cluster zone: the orphaned
+# children keep serving, so the sync process closes the zone (a new
+# request is refused at once) and keeps the row and its lease in Redis
+# for what still runs; once the CGI ends it takes the row out and exits.
+my $orph = private_server(member_conf($total, "orph$rport"), cgi_not_cgid => 1);
+ok t_cmp(wait_until(sub { zone_stat($orph, 'cz', 'Limit') == $total }, 15), 1,
+         'a server alone, before its parent is killed, runs the whole total');
+my $orows = "{orph$rport:cz}:rows";
+my ($oid) = grep { /:\Q$orph->{pid}\E\z/ } @{ redis_cmd('HKEYS', $orows) };
+$oid //= 'none';
+my $ocgi = fork // die "fork: $!";
+if (!$ocgi) {
+    $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan&first=1&release=1&sleep=120000');
+    POSIX::_exit(0);
+}
+wait_until(sub { (probe_count_in($probes, 'orphan'))[0] >= 1 }, 15);
+my $osync = sync_process_of($orph);
+# the children and theirs (the CGI), to end them by pid afterwards
+my @orphans = children_of($orph->{pid});
+push @orphans, map { children_of($_) } @orphans;
+kill 'KILL', $orph->{pid};
+my $gone_re = qr/\[\S*:warn\].*the server's parent is gone/;
+my $said = wait_until(sub { count_in_log($orph, $gone_re) >= 1 }, 15);
+sleep 3; # longer than the lease (2 s): only a sync that runs keeps the row
+my ($row, $lease) = (redis_cmd('HGET', $orows, $oid) // 'none',
+                     redis_cmd('ZSCORE', "{orph$rport:cz}:leases", $oid) // 0);
+my $now = redis_ms();
+ok t_cmp($said && $row =~ /^\d+ [1-9]\d*$/ && $lease > $now ? 1 : 0, 1,
+         'the parent killed while a CGI runs: the sync process says so, and a lease past '
+         . "its first still holds the row ($row, lease " . ($lease - $now) . ' ms ahead)');
+my $refused = $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan_new');
+ok t_cmp($refused->{status}, 503, 'a new request to the orphaned children is refused');
+probe_release('orphan', $probes);
+waitpid $ocgi, 0;
+ok t_cmp(wait_until(sub { !redis_cmd('HEXISTS', $orows, $oid) && !($osync && kill 0, $osync) },
+                    20), 1, 'the CGI ended: the row is gone, and the sync process has exited');
+ok t_cmp(count_in_log($orph, $gone_re), 1, 'said once, at warning');
+kill 'KILL', grep { kill 0, $_ } @orphans;

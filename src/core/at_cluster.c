@@ -39,16 +39,17 @@ const char *at_cluster_parse_fallback(const char *s, apr_uint32_t *kind, apr_uin
     return NULL;
 }
 
-void at_cluster_make_id(char *id, const char *host, long pid)
+void at_cluster_make_id(char *id, const char *host, long pid, apr_uint64_t nonce)
 {
     apr_size_t n = strlen(host), room;
     char tail[64];
 
-    apr_snprintf(tail, sizeof(tail), ":%ld", pid);
+    apr_snprintf(tail, sizeof(tail), ":%016" APR_UINT64_T_HEX_FMT ":%ld", nonce, pid);
     if (n + strlen(tail) >= AT_CLUSTER_ID_MAX) {
         /* "~" is in no host name: a short name never reads as a cut one */
-        apr_snprintf(tail, sizeof(tail), "~%016" APR_UINT64_T_HEX_FMT ":%ld",
-                     at_siphash24(0, 0, host, n), pid);
+        apr_snprintf(tail, sizeof(tail),
+                     "~%016" APR_UINT64_T_HEX_FMT ":%016" APR_UINT64_T_HEX_FMT ":%ld",
+                     at_siphash24(0, 0, host, n), nonce, pid);
     }
     room = AT_CLUSTER_ID_MAX - 1 - strlen(tail);
     n = n < room ? n : room;
@@ -288,4 +289,15 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
     }
     st->limit = limit;
     return limit;
+}
+
+apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us, apr_int64_t lived_us)
+{
+    apr_int64_t next;
+
+    if (lived_us > AT_CLUSTER_LIVED_LONG_US) {
+        last_us = 0;
+    }
+    next = last_us > 0 ? last_us * 2 : AT_CLUSTER_RETRY_FIRST_US;
+    return next < AT_CLUSTER_RETRY_MAX_US ? next : AT_CLUSTER_RETRY_MAX_US;
 }

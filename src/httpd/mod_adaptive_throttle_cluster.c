@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "at_parse.h"
+#include "at_rng.h"
 #include "mod_adaptive_throttle_cluster.h"
 
 APLOG_USE_MODULE(adaptive_throttle);
@@ -306,6 +307,24 @@ static cluster_zone_t *cluster_zone_make(server_rec *s, apr_pool_t *p, zone_ref_
     return cz;
 }
 
+/* This server's nonce, drawn once in the parent's life and retained
+ * across restarts (which reload this module): the id stays the same, and
+ * the share and lease with it. */
+static apr_uint64_t server_nonce(void)
+{
+    const char *key = CLUSTER_RETAINED_PREFIX "nonce";
+    apr_uint64_t *nonce = ap_retained_data_get(key);
+
+    if (!nonce) {
+        at_rng_t rng;
+
+        at_rng_seed(&rng);
+        nonce = ap_retained_data_create(key, sizeof(*nonce));
+        *nonce = at_rng_next(&rng);
+    }
+    return *nonce;
+}
+
 static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp,
                                server_rec *s)
 {
@@ -318,8 +337,8 @@ static int cluster_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *
         return OK;
     }
     gethostname(host, sizeof(host) - 1);
-    /* the parent's pid: the same across graceful restarts */
-    at_cluster_make_id(id, host, (long)getpid());
+    /* the parent's pid and the nonce: the same across restarts */
+    at_cluster_make_id(id, host, (long)getpid(), server_nonce());
     cl_zones = apr_array_make(pconf, 2, sizeof(cluster_zone_t *));
     for (hi = refs ? apr_hash_first(ptemp, refs) : NULL; hi; hi = apr_hash_next(hi)) {
         zone_ref_t *ref = apr_hash_this_val(hi);

@@ -4,7 +4,9 @@
  * next; it drops to User, syncs every cluster= zone each period through
  * Redis and writes each zone's share as its local limit. At a stop it
  * takes the server's rows out of Redis. The parent starts another when it
- * dies, and lowers a zone whose lease ran out without a sync.
+ * dies, and lowers a zone whose lease ran out without a sync. Should the
+ * parent die first, it closes the zones and holds in Redis what the
+ * orphaned children still run, then leaves.
  */
 #include "httpd.h"
 #include "http_config.h"
@@ -40,6 +42,7 @@ static apr_time_t sync_retry_at;     /* when the parent's monitor starts another
 static apr_interval_time_t sync_backoff; /* doubles at each early death */
 static apr_time_t sync_born;         /* when the running one was forked */
 static int sync_failing;             /* a failure was logged: quiet until one lives */
+static volatile sig_atomic_t sync_stop; /* in the sync process: 1, stop; 2, stop and leave */
 
 /* The zone runs n from now: published for the next holder of its lock. A
  * zone that cannot take n (its slots) keeps its limit, said once. */
@@ -125,39 +128,123 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
     }
 }
 
+/* ---- the orphans: the parent gone, its children still serving ---------- */
+
+/* No new admission: limit 0 and no queue, so a request is refused at once;
+ * those queued already wait out their timeout=. Published again until the
+ * zone runs it (another writer may be stopped in its copy). */
+static void close_zone(cluster_zone_t *cz, const at_zone_glance_t *g)
+{
+    at_zone_conf_t c = cz->ref->conf;
+
+    if (g->limit == 0 && g->queue_cap == 0) {
+        return;
+    }
+    c.limit = 0;
+    c.queue = 0;
+    at_zone_reconfigure(cz->ref->zone, &c);
+}
+
+/* One period of a closed zone: what still runs is its hold, so that Redis
+ * keeps that capacity from the other servers, and it asks for no more.
+ * Returns whether anything still runs or waits in it. */
+static int hold_closed_zone(cluster_zone_t *cz, apr_pool_t *p)
+{
+    at_cluster_member_t *peers = apr_palloc(p, AT_CLUSTER_PEERS_MAX * sizeof(*peers));
+    at_cluster_reply_t reply = {0};
+    at_zone_glance_t g;
+
+    /* the parent gave back what dead children held: now this process does */
+    at_zone_reclaim_nowait(cz->ref->zone);
+    at_zone_glance(cz->ref->zone, &g);
+    close_zone(cz, &g);
+    if (g.running == 0 && g.queued == 0) {
+        return 0;
+    }
+    at_cluster_note_demand(cz->st, g.running, 0);
+    log_sync_result(cz, at_cluster_redis_sync(cz, at_now_us() + cz->def->timeout_us,
+                                              g.running, g.running, &reply, peers, p));
+    return 1;
+}
+
+/* The parent is gone and its children serve on: were this process to stop
+ * syncing, the row's lease would lapse and the others would take the share
+ * the orphans still run. Every zone is closed, and held in Redis until
+ * nothing runs or waits in it; then the server leaves, as at a stop. */
+static void sync_orphans(apr_pool_t *p)
+{
+    apr_pool_t *tick;
+    apr_int64_t period = 0;
+    int i, busy = 1;
+
+    ap_log_error(APLOG_MARK, APLOG_WARNING, 0, ap_server_conf, "the server's parent is "
+                 "gone: its children refuse every request of a cluster zone; the cluster "
+                 "sync holds in Redis what they still run, then leaves the fleet");
+    for (i = 0; i < cl_zones->nelts; i++) {
+        cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
+
+        if (!period || cz->def->period_us < period) {
+            period = cz->def->period_us;
+        }
+    }
+    apr_pool_create(&tick, p);
+    while (busy) {
+        busy = 0;
+        for (i = 0; i < cl_zones->nelts; i++) {
+            busy |= hold_closed_zone(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *), tick);
+            apr_pool_clear(tick);
+        }
+        if (busy) {
+            apr_sleep(period);
+        }
+    }
+    sync_stop = 2;
+}
+
 /* ---- the sync process -------------------------------------------------- */
 
 /* The parent's word to a sync process at a stop (SIGTERM at a restart):
  * the server leaves the fleet. */
 #define SYNC_SIG_LEAVE SIGUSR2
 
-static volatile sig_atomic_t sync_stop; /* 1: stop; 2: stop and leave */
+static pid_t sync_parent; /* the only sender obeyed */
 
-static void sync_on_signal(int sig)
+/* A signal counts only if the parent sent it: a CGI of the same User must
+ * not make the server leave the fleet, and an outside SIGTERM (pkill)
+ * leaves it to follow its server's life. The kernel's own are ignored too:
+ * the parent's death is seen by the loop's poll. */
+static void sync_on_signal(int sig, siginfo_t *si, void *uctx)
 {
+    (void)uctx;
+    if (si->si_code > 0 || si->si_pid != sync_parent) {
+        return;
+    }
     if (sig == SYNC_SIG_LEAVE) {
         sync_stop = 2;
     }
     else if (!sync_stop) {
-        sync_stop = 1; /* the parent's death after its word undoes nothing */
+        sync_stop = 1; /* a later word undoes no leave */
     }
 }
 
-/* SIGTERM (a restart, the parent's death), SIGHUP, SIGINT and
- * SYNC_SIG_LEAVE end this process; httpd's graceful signals are not for
- * it. */
-static void sync_signals(void)
+/* SIGTERM (a restart), SIGHUP, SIGINT and SYNC_SIG_LEAVE from the parent
+ * end this process; httpd's graceful signals are not for it. Handlers
+ * block every signal: they do not nest. */
+static void sync_signals(pid_t parent)
 {
     struct sigaction sa;
     sigset_t none;
 
+    sync_parent = parent;
     memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_handler = sync_on_signal;
+    sigfillset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    sa.sa_sigaction = sync_on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SYNC_SIG_LEAVE, &sa, NULL);
+    sa.sa_flags = 0;
     sa.sa_handler = SIG_IGN;
     sigaction(AP_SIG_GRACEFUL, &sa, NULL);
     sigaction(SIGWINCH, &sa, NULL);
@@ -240,7 +327,7 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 {
     int i;
 
-    sync_signals();
+    sync_signals(parent);
     /* httpd's signals to its process group (prefork's SIGTERM at a stop,
      * before the children are gone) reach it through the parent only */
     setpgid(0, 0);
@@ -253,11 +340,11 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
         }
         _exit(1);
     }
-    /* the parent may be gone already; later, the loop looks every 100 ms */
-    if (getppid() != parent) {
-        _exit(0);
-    }
+    /* the loop looks for the parent every 100 ms (it may be gone already) */
     sync_loop(pconf, parent);
+    if (!sync_stop) {
+        sync_orphans(pconf);
+    }
     for (i = 0; i < cl_zones->nelts; i++) {
         cluster_zone_t *cz = APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *);
 
@@ -271,23 +358,17 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 
 static void sync_maint(int reason, void *data, apr_wait_t status);
 
-/* a sync process that lived this long was not failing at start */
-#define AT_SYNC_LIVED_LONG apr_time_from_sec(60)
-
-/* Another try after a failure: 1 s, doubling to 30 s while they keep
- * failing at once. */
+/* Another try after a failure, backing off (at_cluster_retry_backoff);
+ * one that lived long ends a run of failures: the next is logged. */
 static void sync_retry_later(void)
 {
     apr_time_t now = at_now_us();
+    apr_int64_t lived = sync_born ? now - sync_born : -1;
 
-    if (sync_born && now - sync_born > AT_SYNC_LIVED_LONG) {
-        sync_backoff = 0;
+    if (lived > AT_CLUSTER_LIVED_LONG_US) {
         sync_failing = 0;
     }
-    sync_backoff = sync_backoff ? sync_backoff * 2 : apr_time_from_sec(1);
-    if (sync_backoff > apr_time_from_sec(30)) {
-        sync_backoff = apr_time_from_sec(30);
-    }
+    sync_backoff = at_cluster_retry_backoff(sync_backoff, lived);
     sync_retry_at = now + sync_backoff;
     sync_born = 0;
 }
@@ -338,7 +419,7 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_SYNC_LIVED_LONG)) {
+    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_CLUSTER_LIVED_LONG_US)) {
         /* at once, as its lease still runs: the monitor, seconds away, would
          * let Redis hand this server's share to others while it still runs
          * it; only deaths that follow quickly wait for the monitor */

@@ -410,51 +410,103 @@ static void test_zone_keys(void **state)
     apr_pool_destroy(p);
 }
 
-/* Ids: "host:pid" while it fits; a longer host cut, with a hash of the
- * whole name, so that hosts alike for as long as an id stay apart (two
+#define NONCE APR_UINT64_C(0x0123456789abcdef)
+
+/* Ids: "host:nonce:pid" while it fits; a longer host cut, with a hash of
+ * the whole name, so that hosts alike for as long as an id stay apart (two
  * servers counted as one would together run twice their share). */
 static void test_ids_unique_whatever_the_host(void **state)
 {
     char a[AT_CLUSTER_ID_MAX], b[AT_CLUSTER_ID_MAX], host[300];
     const char *common = "node-0123456789.rack-0123456789.zone-0123456789.example-0123";
+    const char *tail = ":0123456789abcdef:4194304";
     apr_size_t n;
     (void)state;
 
-    at_cluster_make_id(a, "web1.example.com", 4321);
-    assert_string_equal(a, "web1.example.com:4321");
+    at_cluster_make_id(a, "web1.example.com", 4321, NONCE);
+    assert_string_equal(a, "web1.example.com:0123456789abcdef:4321");
     /* the longest host kept whole, and one byte more */
     memset(host, 'h', sizeof(host));
-    n = AT_CLUSTER_ID_MAX - 1 - strlen(":4194304");
+    n = AT_CLUSTER_ID_MAX - 1 - strlen(tail);
     host[n] = '\0';
-    at_cluster_make_id(a, host, 4194304);
+    at_cluster_make_id(a, host, 4194304, NONCE);
     assert_int_equal(strlen(a), AT_CLUSTER_ID_MAX - 1);
     assert_memory_equal(a, host, n);
+    assert_string_equal(a + n, tail);
     host[n] = 'h';
     host[n + 1] = '\0';
-    at_cluster_make_id(b, host, 4194304);
+    at_cluster_make_id(b, host, 4194304, NONCE);
     assert_string_not_equal(a, b);
     assert_non_null(strchr(b, '~'));
-    assert_string_equal(strrchr(b, ':'), ":4194304");
+    assert_string_equal(b + strlen(b) - strlen(tail), tail);
     assert_true(strlen(b) < AT_CLUSTER_ID_MAX);
     /* two hosts alike for 60 bytes, then different: two ids, each ending
      * in the pid, and the same id again for the same host and pid */
     assert_int_equal(strlen(common), 60);
     apr_snprintf(host, sizeof(host), "%s-a.example", common);
-    at_cluster_make_id(a, host, 77);
+    at_cluster_make_id(a, host, 77, NONCE);
     apr_snprintf(host, sizeof(host), "%s-b.example", common);
-    at_cluster_make_id(b, host, 77);
+    at_cluster_make_id(b, host, 77, NONCE);
     assert_string_not_equal(a, b);
     assert_string_equal(strrchr(a, ':'), ":77");
     assert_string_equal(strrchr(b, ':'), ":77");
-    assert_memory_equal(a, common, 30);
-    at_cluster_make_id(a, host, 77);
+    assert_memory_equal(a, common, 20);
+    at_cluster_make_id(a, host, 77, NONCE);
     assert_string_equal(a, b);
     /* a host of 255 bytes, the most a name has */
     memset(host, 'x', 255);
     host[255] = '\0';
-    at_cluster_make_id(a, host, 1);
+    at_cluster_make_id(a, host, 1, NONCE);
     assert_true(strlen(a) < AT_CLUSTER_ID_MAX);
     assert_string_equal(strrchr(a, ':'), ":1");
+}
+
+/* Two containers of one host name, the parent PID 1 in each: their
+ * nonces keep them apart, short host or cut; one server's inputs, the
+ * same at each restart, give the same id. */
+static void test_ids_apart_by_nonce(void **state)
+{
+    char a[AT_CLUSTER_ID_MAX], b[AT_CLUSTER_ID_MAX], host[300];
+    int i;
+    (void)state;
+
+    for (i = 0; i < 2; i++) {
+        memset(host, 'c', sizeof(host));
+        host[i ? 200 : 12] = '\0';
+        at_cluster_make_id(a, host, 1, NONCE);
+        at_cluster_make_id(b, host, 1, NONCE + 1);
+        assert_string_not_equal(a, b);
+        at_cluster_make_id(b, host, 1, NONCE);
+        assert_string_equal(a, b);
+        assert_true(strlen(a) < AT_CLUSTER_ID_MAX);
+    }
+}
+
+/* The sync process's restarts: 1 s, doubling to 30 s while each dies
+ * soon; one that lived over a minute starts the doubling anew. */
+static void test_retry_backoff(void **state)
+{
+    const apr_int64_t s1 = APR_INT64_C(1000000), soon = 2 * s1;
+    apr_int64_t b = 0, seen[7];
+    int i;
+    (void)state;
+
+    for (i = 0; i < 7; i++) {
+        seen[i] = b = at_cluster_retry_backoff(b, soon);
+    }
+    assert_int_equal(seen[0], 1 * s1);
+    assert_int_equal(seen[1], 2 * s1);
+    assert_int_equal(seen[2], 4 * s1);
+    assert_int_equal(seen[3], 8 * s1);
+    assert_int_equal(seen[4], 16 * s1);
+    assert_int_equal(seen[5], 30 * s1);
+    assert_int_equal(seen[6], 30 * s1);
+    /* never started (no life known): doubles as well */
+    assert_int_equal(at_cluster_retry_backoff(4 * s1, -1), 8 * s1);
+    /* lived a minute exactly: still the run; past it: anew */
+    assert_int_equal(at_cluster_retry_backoff(16 * s1, AT_CLUSTER_LIVED_LONG_US), 30 * s1);
+    assert_int_equal(at_cluster_retry_backoff(30 * s1, AT_CLUSTER_LIVED_LONG_US + 1), s1);
+    assert_int_equal(at_cluster_retry_backoff(0, AT_CLUSTER_LIVED_LONG_US + 1), s1);
 }
 
 /* ---- the fleet --------------------------------------------------------- */
@@ -803,6 +855,8 @@ int main(void)
         cmocka_unit_test(test_even_fallback_keeps_the_cap),
         cmocka_unit_test(test_zone_keys),
         cmocka_unit_test(test_ids_unique_whatever_the_host),
+        cmocka_unit_test(test_ids_apart_by_nonce),
+        cmocka_unit_test(test_retry_backoff),
         cmocka_unit_test(test_shares_follow_demand),
         cmocka_unit_test(test_dead_share_reused_within_lease_and_two_periods),
         cmocka_unit_test(test_store_down_falls_back_then_shares_again),
