@@ -208,7 +208,10 @@ bench_start() {
         echo "</Directory>"
         echo "$conf"
     } > "$bench_dir/httpd.conf"
-    apache2 -d "$bench_dir" -f "$bench_dir/httpd.conf" -k start
+    # BENCH_SERVER_CPUS (a taskset list): the server and every child it
+    # forks run there only, away from the clients
+    ${BENCH_SERVER_CPUS:+taskset -c "$BENCH_SERVER_CPUS"} \
+        apache2 -d "$bench_dir" -f "$bench_dir/httpd.conf" -k start
     for _ in $(seq 100); do [ -s "$bench_dir/httpd.pid" ] && break; sleep 0.05; done
     sleep 1
 }
