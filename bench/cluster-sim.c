@@ -152,8 +152,9 @@ static void server_join(sim_t *s)
         return;
     }
     v = &s->srv[s->nsrv];
-    /* a host name and the parent's pid, as the glue names a server */
-    snprintf(id, sizeof(id), "web%03u.example.net:%u", s->nsrv, 1000 + draw(s, 60000));
+    /* a host name, a nonce and the parent's pid, as the glue names a server */
+    snprintf(id, sizeof(id), "web%03u.example.net:5eed%012x:%u", s->nsrv, s->nsrv * 2654435761u,
+             1000 + draw(s, 60000));
     at_cluster_state_init(&v->st, id);
     v->alive = 1;
     v->next_sync_us = s->now_us + draw(s, (unsigned)s->conf.period_us);

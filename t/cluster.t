@@ -28,7 +28,7 @@ use IO::Select;
 use IO::Socket::INET;
 
 my $redis = (grep { -x } map { "$_/redis-server" } split(/:/, $ENV{PATH}), '/usr/bin')[0];
-plan tests => 46, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
+plan tests => 48, need { 'run by t/run-apache-tests (needs INHERIT_CONF)' => $ENV{INHERIT_CONF},
                          'redis-server (scripts/setup installs it)' => $redis };
 
 my $work = tempdir(CLEANUP => 1);
@@ -316,14 +316,19 @@ $_->{stop}->() for @s[0, 1];
 my $alone = private_server(member_conf($total, "alone$rport"), cgi_not_cgid => 1);
 ok t_cmp(wait_until(sub { zone_stat($alone, 'cz', 'Limit') == $total }, 15), 1,
          "a server alone runs the whole total ($total)");
-open my $cf, '<', "$alone->{dir}/httpd.conf" or die;
-my $conf = do { local $/; <$cf> };
-close $cf;
-$conf =~ s/limit=$total /limit=100 /;
-open $cf, '>', "$alone->{dir}/httpd.conf" or die;
-print $cf $conf;
-close $cf;
-kill 'USR1', $alone->{pid};
+# the zone's total set to $to in the configuration, and a graceful restart
+sub raise_total {
+    my ($srv, $to) = @_;
+    open my $cf, '<', "$srv->{dir}/httpd.conf" or die;
+    my $conf = do { local $/; <$cf> };
+    close $cf;
+    $conf =~ s/limit=$total /limit=$to /;
+    open $cf, '>', "$srv->{dir}/httpd.conf" or die;
+    print $cf $conf;
+    close $cf;
+    kill 'USR1', $srv->{pid};
+}
+raise_total($alone, 100);
 ok t_cmp(wait_until(sub { zone_stat($alone, 'cz', 'Limit') == 100 }, 20), 1,
          'the total raised to 100 by a graceful restart: it runs 100 (runs '
          . zone_stat($alone, 'cz', 'Limit') . ')');
@@ -514,27 +519,45 @@ ok t_cmp(wait_until(sub { !$sp || !kill 0, $sp }, 10), 1,
          'the parent killed with SIGKILL: its sync process ends too');
 kill 'KILL', grep { kill 0, $_ } @kids;
 
-# The parent killed with SIGKILL while a CGI (its headers sent, then
-# asleep until the test releases it) runs in a cluster zone: the orphaned
+# The parent killed with SIGKILL while CGIs (their headers sent, then
+# asleep until the test releases them) run in a cluster zone: the orphaned
 # children keep serving, so the sync process closes the zone (a new
 # request is refused at once) and keeps the row and its lease in Redis
-# for what still runs; once the CGI ends it takes the row out and exits.
+# for what still runs; once nothing runs it takes the row out and exits.
+# One CGI runs in the zone as first laid, the other in the zone laid anew
+# by a restart that raised the total: the first ends by its child's death,
+# whose record, in the replaced zone, only the sync process gives back.
 my $orph = private_server(member_conf($total, "orph$rport"), cgi_not_cgid => 1);
 ok t_cmp(wait_until(sub { zone_stat($orph, 'cz', 'Limit') == $total }, 15), 1,
          'a server alone, before its parent is killed, runs the whole total');
 my $orows = "{orph$rport:cz}:rows";
 my ($oid) = grep { /:\Q$orph->{pid}\E\z/ } @{ redis_cmd('HKEYS', $orows) };
 $oid //= 'none';
-my $ocgi = fork // die "fork: $!";
-if (!$ocgi) {
-    $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan&first=1&release=1&sleep=120000');
-    POSIX::_exit(0);
+sub orphan_cgi {
+    my ($tag) = @_;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        $orph->{get}->("/cgi-bin/probe.cgi?tag=$tag&first=1&release=1&sleep=120000");
+        POSIX::_exit(0);
+    }
+    wait_until(sub { (probe_count_in($probes, $tag))[0] >= 1 }, 15);
+    return $pid;
 }
-wait_until(sub { (probe_count_in($probes, 'orphan'))[0] >= 1 }, 15);
+my $oa = orphan_cgi('orphan_a');
+# the httpd child running it: the one whose child is a CGI
+my ($a_child) = grep { children_of($_) } children_of($orph->{pid});
+$a_child //= 0;
+raise_total($orph, 100);
+ok t_cmp(wait_until(sub { zone_stat($orph, 'cz', 'Limit') == 100 }, 20)
+         && $a_child && kill(0, $a_child) ? 1 : 0, 1,
+         'the total raised by a graceful restart, the zone laid anew: the first CGI '
+         . "still runs (its child $a_child, of the old generation)");
+my $ob = orphan_cgi('orphan_b');
 my $osync = sync_process_of($orph);
-# the children and theirs (the CGI), to end them by pid afterwards
+# the children and theirs (the CGIs), to end them by pid afterwards
 my @orphans = children_of($orph->{pid});
 push @orphans, map { children_of($_) } @orphans;
+my $omon = monitor_start();
 kill 'KILL', $orph->{pid};
 my $gone_re = qr/\[\S*:warn\].*the server's parent is gone/;
 my $said = wait_until(sub { count_in_log($orph, $gone_re) >= 1 }, 15);
@@ -543,13 +566,23 @@ my ($row, $lease) = (redis_cmd('HGET', $orows, $oid) // 'none',
                      redis_cmd('ZSCORE', "{orph$rport:cz}:leases", $oid) // 0);
 my $now = redis_ms();
 ok t_cmp($said && $row =~ /^\d+ [1-9]\d*$/ && $lease > $now ? 1 : 0, 1,
-         'the parent killed while a CGI runs: the sync process says so, and a lease past '
+         'the parent killed while CGIs run: the sync process says so, and a lease past '
          . "its first still holds the row ($row, lease " . ($lease - $now) . ' ms ahead)');
 my $refused = $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan_new');
 ok t_cmp($refused->{status}, 503, 'a new request to the orphaned children is refused');
-probe_release('orphan', $probes);
-waitpid $ocgi, 0;
-ok t_cmp(wait_until(sub { !redis_cmd('HEXISTS', $orows, $oid) && !($osync && kill 0, $osync) },
-                    20), 1, 'the CGI ended: the row is gone, and the sync process has exited');
+probe_release('orphan_b', $probes);
+waitpid $ob, 0;
+sleep 2; # a lease: the row lapses unless held for the CGI still running
+ok t_cmp(redis_cmd('HEXISTS', $orows, $oid) . ' ' . ($osync && kill(0, $osync) ? 1 : 0), '1 1',
+         'the second CGI ended, the first runs on: the row is still held');
+kill 'KILL', $a_child if $a_child;
+# the leave itself, not the keys' own expiry (10 leases, 20 s)
+ok t_cmp(wait_until(sub { !redis_cmd('HEXISTS', $orows, $oid) && !kill(0, $osync // 0) }, 12)
+         . ' ' . deletes_of($omon, $oid), '1 2',
+         "the first CGI's child killed, the sync process gives back what it held in the "
+         . 'replaced zone: the row is taken out (one HDEL, one ZREM), and it exits');
+close $omon->{sock};
 ok t_cmp(count_in_log($orph, $gone_re), 1, 'said once, at warning');
+probe_release('orphan_a', $probes);
+waitpid $oa, 0;
 kill 'KILL', grep { kill 0, $_ } @orphans;

@@ -132,33 +132,37 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
 
 /* No new admission: limit 0 and no queue, so a request is refused at once;
  * those queued already wait out their timeout=. Published again until the
- * zone runs it (another writer may be stopped in its copy). */
-static void close_zone(cluster_zone_t *cz, const at_zone_glance_t *g)
+ * zone runs it (another writer may be stopped in its copy, or the lock
+ * held). Returns whether the zone runs it. */
+static int close_zone(cluster_zone_t *cz)
 {
     at_zone_conf_t c = cz->ref->conf;
+    at_zone_glance_t g;
 
-    if (g->limit == 0 && g->queue_cap == 0) {
-        return;
+    at_zone_glance(cz->ref->zone, &g);
+    if (g.limit == 0 && g.queue_cap == 0) {
+        return 1;
     }
     c.limit = 0;
     c.queue = 0;
     at_zone_reconfigure(cz->ref->zone, &c);
+    at_zone_glance(cz->ref->zone, &g);
+    return g.limit == 0 && g.queue_cap == 0;
 }
 
-/* One period of a closed zone: what still runs is its hold, so that Redis
+/* One period of a closing zone: what still runs is its hold, so that Redis
  * keeps that capacity from the other servers, and it asks for no more.
- * Returns whether anything still runs or waits in it. */
+ * Returns whether it may still run or wait anything: idle only once closed,
+ * as a request may have been let in before the close took. */
 static int hold_closed_zone(cluster_zone_t *cz, apr_pool_t *p)
 {
     at_cluster_member_t *peers = apr_palloc(p, AT_CLUSTER_PEERS_MAX * sizeof(*peers));
     at_cluster_reply_t reply = {0};
     at_zone_glance_t g;
+    int closed = close_zone(cz);
 
-    /* the parent gave back what dead children held: now this process does */
-    at_zone_reclaim_nowait(cz->ref->zone);
     at_zone_glance(cz->ref->zone, &g);
-    close_zone(cz, &g);
-    if (g.running == 0 && g.queued == 0) {
+    if (closed && g.running == 0 && g.queued == 0) {
         return 0;
     }
     at_cluster_note_demand(cz->st, g.running, 0);
@@ -189,13 +193,20 @@ static void sync_orphans(apr_pool_t *p)
     }
     apr_pool_create(&tick, p);
     while (busy) {
+        apr_int64_t next = at_now_us() + period, now;
+
+        /* the parent's job, dead children's records given back, is this
+         * process's now: in the zones replaced at restarts too, whose
+         * requests a zone counts as its own */
+        at_shm_reclaim_dead();
         busy = 0;
         for (i = 0; i < cl_zones->nelts; i++) {
             busy |= hold_closed_zone(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *), tick);
             apr_pool_clear(tick);
         }
-        if (busy) {
-            apr_sleep(period);
+        /* a signal (obeyed or not) ends a sleep early: sleep to the end */
+        while (busy && (now = at_now_us()) < next) {
+            apr_sleep(next - now);
         }
     }
     sync_stop = 2;
