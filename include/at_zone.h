@@ -255,6 +255,11 @@ apr_uint32_t at_zone_reclaim(at_zone_t *z);
  * server's parent, which must not hang on a stopped or hung child. */
 apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z);
 
+/* at_zone_reclaim_nowait over the zone and those it replaced at restarts,
+ * whose running requests it counts as its own: for a process that does
+ * the parent's reclaim once the parent is gone. */
+apr_uint32_t at_zone_reclaim_lineage_nowait(at_zone_t *z);
+
 /* The same for the records of one process, which its parent has seen exit:
  * only that pid's liveness is read. */
 apr_uint32_t at_zone_reclaim_pid_nowait(at_zone_t *z, apr_int32_t pid);

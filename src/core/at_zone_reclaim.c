@@ -191,6 +191,18 @@ apr_uint32_t at_zone_reclaim_nowait(at_zone_t *z)
     return zone_reclaim(z, RECLAIM_TRY, 0);
 }
 
+apr_uint32_t at_zone_reclaim_lineage_nowait(at_zone_t *z)
+{
+    apr_uint32_t n = 0;
+    int depth = 0;
+
+    /* the zones zone_running counts, no further */
+    for (; z && depth < 9; z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
+        n += zone_reclaim(z, RECLAIM_TRY, 0);
+    }
+    return n;
+}
+
 apr_uint32_t at_zone_reclaim_pid_nowait(at_zone_t *z, apr_int32_t pid)
 {
     return pid > 0 ? zone_reclaim(z, RECLAIM_TRY, pid) : 0;

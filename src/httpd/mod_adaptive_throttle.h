@@ -94,10 +94,6 @@ apr_array_header_t *at_defined_zones(apr_pool_t *p);
  * the parent gives back what dead children held. */
 int at_lay_zones(server_rec *s, apr_pool_t *ptemp);
 void at_shm_register_hooks(void);
-/* What dead processes held, in every zone and the zones they replaced, given
- * back: the parent's monitor does it, and the cluster sync once the parent
- * is gone. */
-void at_shm_reclaim_dead(void);
 
 /* Fault injection (mod_adaptive_throttle_faults.c; no-ops outside the
  * test module): armed at post_config from the environment; the directory

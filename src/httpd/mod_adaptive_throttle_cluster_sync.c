@@ -150,19 +150,29 @@ static int close_zone(cluster_zone_t *cz)
     return g.limit == 0 && g.queue_cap == 0;
 }
 
+/* Periods a zone's close may take before an idle zone counts as idle all
+ * the same: its lock broken, or held by a stopped process. */
+#define AT_ORPHAN_CLOSE_TRIES 10
+
 /* One period of a closing zone: what still runs is its hold, so that Redis
  * keeps that capacity from the other servers, and it asks for no more.
- * Returns whether it may still run or wait anything: idle only once closed,
- * as a request may have been let in before the close took. */
-static int hold_closed_zone(cluster_zone_t *cz, apr_pool_t *p)
+ * Returns whether it may still run or wait anything: idle once closed, as
+ * a request may have been let in before the close took. */
+static int hold_closed_zone(cluster_zone_t *cz, int round, apr_pool_t *p)
 {
     at_cluster_member_t *peers = apr_palloc(p, AT_CLUSTER_PEERS_MAX * sizeof(*peers));
     at_cluster_reply_t reply = {0};
     at_zone_glance_t g;
-    int closed = close_zone(cz);
+    int closed;
 
+    /* the parent's job, dead children's records given back, is this
+     * process's now: in the zones replaced at restarts too, whose
+     * requests this one counts as its own */
+    at_zone_reclaim_lineage_nowait(cz->ref->zone);
+    closed = close_zone(cz);
     at_zone_glance(cz->ref->zone, &g);
-    if (closed && g.running == 0 && g.queued == 0) {
+    if (g.running == 0 && g.queued == 0
+        && (closed || g.broken || round >= AT_ORPHAN_CLOSE_TRIES)) {
         return 0;
     }
     at_cluster_note_demand(cz->st, g.running, 0);
@@ -179,7 +189,7 @@ static void sync_orphans(apr_pool_t *p)
 {
     apr_pool_t *tick;
     apr_int64_t period = 0;
-    int i, busy = 1;
+    int i, round, busy = 1;
 
     ap_log_error(APLOG_MARK, APLOG_WARNING, 0, ap_server_conf, "the server's parent is "
                  "gone: its children refuse every request of a cluster zone; the cluster "
@@ -192,16 +202,12 @@ static void sync_orphans(apr_pool_t *p)
         }
     }
     apr_pool_create(&tick, p);
-    while (busy) {
+    for (round = 0; busy; round++) {
         apr_int64_t next = at_now_us() + period, now;
 
-        /* the parent's job, dead children's records given back, is this
-         * process's now: in the zones replaced at restarts too, whose
-         * requests a zone counts as its own */
-        at_shm_reclaim_dead();
         busy = 0;
         for (i = 0; i < cl_zones->nelts; i++) {
-            busy |= hold_closed_zone(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *), tick);
+            busy |= hold_closed_zone(APR_ARRAY_IDX(cl_zones, i, cluster_zone_t *), round, tick);
             apr_pool_clear(tick);
         }
         /* a signal (obeyed or not) ends a sleep early: sleep to the end */

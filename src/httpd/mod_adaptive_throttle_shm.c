@@ -265,11 +265,6 @@ static void reclaim_dead(pid_t pid)
     }
 }
 
-void at_shm_reclaim_dead(void)
-{
-    reclaim_dead(0);
-}
-
 /* In the parent: a child has exited, so what it held can go back now. */
 static void throttle_child_status(server_rec *s, pid_t pid, ap_generation_t gen,
                                   int slot, mpm_child_status status)
