@@ -169,13 +169,10 @@ apr_uint32_t at_cluster_run_fallback(const at_cluster_conf_t *c, at_cluster_stat
                                      apr_uint32_t limit, apr_int64_t now_us);
 
 /* The sync process's restarts after it died soon after its start: the
- * wait before the next, from the last wait (0: none yet) and how long the
- * one that died lived (negative: it never started). 1 s, doubling to
- * 30 s; one that lived past AT_CLUSTER_LIVED_LONG_US was not failing at
- * start, and the doubling begins anew. */
-#define AT_CLUSTER_LIVED_LONG_US (60 * APR_INT64_C(1000000))
+ * wait before the next, from the last wait (0: none yet). 1 s, doubling
+ * to 30 s. */
 #define AT_CLUSTER_RETRY_FIRST_US APR_INT64_C(1000000)
 #define AT_CLUSTER_RETRY_MAX_US (30 * APR_INT64_C(1000000))
-apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us, apr_int64_t lived_us);
+apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us);
 
 #endif

@@ -291,13 +291,9 @@ apr_uint32_t at_cluster_after_sync(const at_cluster_conf_t *c, at_cluster_state_
     return limit;
 }
 
-apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us, apr_int64_t lived_us)
+apr_int64_t at_cluster_retry_backoff(apr_int64_t last_us)
 {
-    apr_int64_t next;
+    apr_int64_t next = last_us > 0 ? last_us * 2 : AT_CLUSTER_RETRY_FIRST_US;
 
-    if (lived_us > AT_CLUSTER_LIVED_LONG_US) {
-        last_us = 0;
-    }
-    next = last_us > 0 ? last_us * 2 : AT_CLUSTER_RETRY_FIRST_US;
     return next < AT_CLUSTER_RETRY_MAX_US ? next : AT_CLUSTER_RETRY_MAX_US;
 }

@@ -173,6 +173,10 @@ typedef struct {
 
 #define PRIO_INDEX(p) ((p)-AT_PRIORITY_MIN)
 
+/* The most zones of a lineage looked at: a zone and the zones it replaced,
+ * each at a restart that grew it past its memory (zone_running, reclaim). */
+#define AT_ZONE_LINEAGE_MAX 9
+
 struct at_zone {
     apr_uint32_t magic;
     apr_uint32_t nslots, nwaiters;

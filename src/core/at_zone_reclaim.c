@@ -197,7 +197,7 @@ apr_uint32_t at_zone_reclaim_lineage_nowait(at_zone_t *z)
     int depth = 0;
 
     /* the zones zone_running counts, no further */
-    for (; z && depth < 9; z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
+    for (; z && depth < AT_ZONE_LINEAGE_MAX; z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
         n += zone_reclaim(z, RECLAIM_TRY, 0);
     }
     return n;

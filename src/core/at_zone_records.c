@@ -369,7 +369,7 @@ apr_uint32_t zone_running(const at_zone_t *z)
     apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
     int depth = 0;
 
-    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < 8;
+    for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < AT_ZONE_LINEAGE_MAX - 1;
          z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
         n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
     }

@@ -133,21 +133,19 @@ static void sync_zone(cluster_zone_t *cz, apr_pool_t *p)
 /* No new admission: limit 0 and no queue, so a request is refused at once;
  * those queued already wait out their timeout=. Published again until the
  * zone runs it (another writer may be stopped in its copy, or the lock
- * held). Returns whether the zone runs it. */
-static int close_zone(cluster_zone_t *cz)
+ * held). Returns whether the zone runs it, g what it ran last. */
+static int close_zone(cluster_zone_t *cz, at_zone_glance_t *g)
 {
     at_zone_conf_t c = cz->ref->conf;
-    at_zone_glance_t g;
 
-    at_zone_glance(cz->ref->zone, &g);
-    if (g.limit == 0 && g.queue_cap == 0) {
-        return 1;
+    at_zone_glance(cz->ref->zone, g);
+    if (g->limit != 0 || g->queue_cap != 0) {
+        c.limit = 0;
+        c.queue = 0;
+        at_zone_reconfigure(cz->ref->zone, &c);
+        at_zone_glance(cz->ref->zone, g);
     }
-    c.limit = 0;
-    c.queue = 0;
-    at_zone_reconfigure(cz->ref->zone, &c);
-    at_zone_glance(cz->ref->zone, &g);
-    return g.limit == 0 && g.queue_cap == 0;
+    return g->limit == 0 && g->queue_cap == 0;
 }
 
 /* Periods a zone's close may take before an idle zone counts as idle all
@@ -169,8 +167,7 @@ static int hold_closed_zone(cluster_zone_t *cz, int round, apr_pool_t *p)
      * process's now: in the zones replaced at restarts too, whose
      * requests this one counts as its own */
     at_zone_reclaim_lineage_nowait(cz->ref->zone);
-    closed = close_zone(cz);
-    at_zone_glance(cz->ref->zone, &g);
+    closed = close_zone(cz, &g);
     if (g.running == 0 && g.queued == 0
         && (closed || g.broken || round >= AT_ORPHAN_CLOSE_TRIES)) {
         return 0;
@@ -375,18 +372,15 @@ static void sync_main(apr_pool_t *pconf, pid_t parent)
 
 static void sync_maint(int reason, void *data, apr_wait_t status);
 
-/* Another try after a failure, backing off (at_cluster_retry_backoff);
- * one that lived long ends a run of failures: the next is logged. */
+/* a sync process that lived this long was not failing at its start */
+#define AT_SYNC_LIVED_LONG_US (60 * APR_INT64_C(1000000))
+
+/* Another try after a failure at the start (a fork that failed, or a
+ * process that died soon), from the parent's monitor, backing off. */
 static void sync_retry_later(void)
 {
-    apr_time_t now = at_now_us();
-    apr_int64_t lived = sync_born ? now - sync_born : -1;
-
-    if (lived > AT_CLUSTER_LIVED_LONG_US) {
-        sync_failing = 0;
-    }
-    sync_backoff = at_cluster_retry_backoff(sync_backoff, lived);
-    sync_retry_at = now + sync_backoff;
+    sync_backoff = at_cluster_retry_backoff(sync_backoff);
+    sync_retry_at = at_now_us() + sync_backoff;
     sync_born = 0;
 }
 
@@ -436,7 +430,7 @@ static void sync_maint(int reason, void *data, apr_wait_t status)
     if (sync_stopping || mpm_state == AP_MPMQ_STOPPING) {
         return;
     }
-    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_CLUSTER_LIVED_LONG_US)) {
+    if (!sync_failing || (sync_born && at_now_us() - sync_born > AT_SYNC_LIVED_LONG_US)) {
         /* at once, as its lease still runs: the monitor, seconds away, would
          * let Redis hand this server's share to others while it still runs
          * it; only deaths that follow quickly wait for the monitor */
