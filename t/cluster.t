@@ -428,7 +428,7 @@ for my $sig ('USR1', 'HUP') {
 ok t_cmp(deletes_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id) . ' '
          . scalar(grep { /:\Q$first->{pid}\E\z/ } @{ redis_cmd('HKEYS', $rows) }), '0 1 1',
          "a graceful restart then a restart: the row of $id stays, never deleted, "
-         . 'the only one of its server (the id, nonce and all, unchanged)');
+         . 'the only one of its server (its retained state keeps the id)');
 # the second settled (a lease after its start): it may raise at once
 sleep $pair_born + 12 - time if time < $pair_born + 12;
 my $until = redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 0;
