@@ -2,8 +2,8 @@
 # Needs bench/lib.sh sourced and bench_setup run, and $port set.
 #
 # S4_SLEEP picks the sleep-bound handler: "cgi" (default) the CGI sleeping
-# 200 ms, which still forks once a request, so that on two cores its
-# throughput is bound by the forks' CPU from about 30 at once; "proxy" a
+# 200 ms, which still forks once a request, so that its throughput is
+# bound by the forks' CPU from some concurrency on (about 30 on 2 cores); "proxy" a
 # backend that waits 200 ms (bench/sleep-backend.c) behind mod_proxy_http,
 # which costs no fork and stays sleep-bound up to max. The proxy's results
 # go to files named with -proxy.
