@@ -142,7 +142,8 @@ static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
  * a waiter of lower priority may be held back by reserve=. */
 static int slot_free_for_newcomer(const at_zone_t *z, int priority)
 {
-    return zone_running(z) < zone_slots_for(z, priority) && z->free_slot != NONE &&
+    return !__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
+           && zone_running(z) < zone_slots_for(z, priority) && z->free_slot != NONE &&
            (z->qhead == NONE || waiters((at_zone_t *)z)[z->qhead].priority < priority);
 }
 
@@ -295,10 +296,11 @@ static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request
     }
     if (z->dry_run) {
         spend_rate(z, rt);
-        r = run_over_cap(z, t, 0);
+        r = run_over_cap(z, t, (int)__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE));
     }
-    else if ((z->queued >= z->queue_cap && !evict_for(z, rq->priority)) ||
-             z->free_waiter == NONE) {
+    else if (__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
+             || (z->queued >= z->queue_cap && !evict_for(z, rq->priority))
+             || z->free_waiter == NONE) {
         r = refuse_newcomer(z, rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
     }
     else if (!rq->may_wait) {

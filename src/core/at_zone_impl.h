@@ -257,6 +257,17 @@ struct at_zone {
      * first, so that late zones whose lock cannot be had do not keep the
      * others waiting for ever. */
     apr_int64_t late_tried_us;
+    /* Set by the parent once a zone laid anew at a restart has replaced
+     * this one: what waits here still runs here, but a newcomer (a
+     * connection an old child took after the restart) is refused, as this
+     * zone cannot see what its successor runs. */
+    apr_uint32_t replaced;
+    /* When the lock was last let go: active, and of the queue what the
+     * zone could still run (up to its highest limit): what a successor
+     * counts. Once replaced nothing new comes in, so it is never below
+     * what runs here since, and a hand-off (a slot freed, then given to
+     * the next waiter under the lock) shows no dip. */
+    apr_uint32_t held_at_unlock;
 
     /* rate=: its definition, whether it goes by key (key=), and the
      * buckets: the zone's, or one per key in a table after the others */

@@ -66,7 +66,8 @@ static const at_field_t zone_fields[] = {
     AT_FIELD(at_zone_t, conf_writer),
     AT_FIELD(at_zone_t, conf_pending), AT_FIELD(at_zone_t, left),
     AT_FIELD(at_zone_t, watcher),         AT_FIELD(at_zone_t, predecessor),
-    AT_FIELD(at_zone_t, late_tried_us),
+    AT_FIELD(at_zone_t, late_tried_us), AT_FIELD(at_zone_t, replaced),
+    AT_FIELD(at_zone_t, held_at_unlock),
     AT_FIELD(at_zone_t, rate_conf),    AT_FIELD(at_zone_t, rate_by_key),
     AT_FIELD(at_zone_t, pad4),         AT_FIELD(at_zone_t, rate),
     AT_FIELD(at_zone_t, body_cap),     AT_FIELD(at_zone_t, body_held),
@@ -246,13 +247,25 @@ int at_zone_counts(const at_zone_t *z, const at_zone_t *old)
 
 void at_zone_succeed(at_zone_t *z, at_zone_t *old)
 {
+    __atomic_store_n(&old->replaced, 1, __ATOMIC_RELEASE);
+    if (zone_trylock(old) == 0) {
+        zone_unlock(old); /* its count published, the mark seen by every later holder */
+    }
+    else {
+        /* a holder (stopped, or mid-admission) may let one more in before
+         * it sees the mark; its unlock publishes the exact count */
+        __atomic_add_fetch(&old->held_at_unlock, 1, __ATOMIC_ACQ_REL);
+    }
     __atomic_store_n(&z->predecessor, old, __ATOMIC_RELEASE);
 }
 
 int at_zone_idle(const at_zone_t *z)
 {
+    /* held_at_unlock too: a hand-off shows active and queued at 0 for a
+     * moment under the lock */
     return !__atomic_load_n(&z->active, __ATOMIC_ACQUIRE)
            && !__atomic_load_n(&z->queued, __ATOMIC_ACQUIRE)
+           && !__atomic_load_n(&z->held_at_unlock, __ATOMIC_ACQUIRE)
            && !__atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE);
 }
 

@@ -335,8 +335,19 @@ int zone_lock_until(at_zone_t *z, apr_int64_t until_us)
     return catch_up_on_lock(z, zone_lock_result(z, rc));
 }
 
+/* Lock held: what this zone runs, and of what waits the part it could
+ * still run (up to the highest its limit can reach), for a successor. */
+static apr_uint32_t zone_held(const at_zone_t *z)
+{
+    apr_uint32_t ceiling = z->limit_auto ? z->ctl.max : z->limit;
+    apr_uint32_t room = ceiling > z->active ? ceiling - z->active : 0;
+
+    return z->active + (z->queued < room ? z->queued : room);
+}
+
 void zone_unlock(at_zone_t *z)
 {
+    __atomic_store_n(&z->held_at_unlock, zone_held(z), __ATOMIC_RELEASE);
     NOTE_LOCK_LET_GO();
     pthread_mutex_unlock(&z->lock);
     zone_send_wakes();

@@ -363,7 +363,8 @@ apr_uint64_t at_zone_body_held(const at_zone_t *z)
 /* ---- who runs next (lock held) ------------------------------------- */
 
 /* Requests running against this zone's limit: its own, and those still
- * running in the zones it replaced at restarts, until they end. */
+ * running or waiting in the zones it replaced at restarts, until they end
+ * (a replaced zone runs what waits there under its own limit). */
 apr_uint32_t zone_running(const at_zone_t *z)
 {
     apr_uint32_t n = __atomic_load_n(&z->active, __ATOMIC_RELAXED);
@@ -371,7 +372,7 @@ apr_uint32_t zone_running(const at_zone_t *z)
 
     for (z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE); z && depth < AT_ZONE_LINEAGE_MAX - 1;
          z = __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE), depth++) {
-        n += __atomic_load_n(&z->active, __ATOMIC_RELAXED);
+        n += __atomic_load_n(&z->held_at_unlock, __ATOMIC_ACQUIRE);
     }
     return n;
 }

@@ -564,6 +564,172 @@ static void test_successor_counts_what_runs_in_the_old_zone(void **state)
     zone_free(z);
 }
 
+/* A replaced zone cannot see what its successor runs: it refuses
+ * newcomers (a connection an old child took after the restart) at once,
+ * even with room under its own limit, and still runs what waited there. */
+static int replaced_go; /* static: a waiter may outlive a failed test's frame */
+
+static void test_replaced_zone_refuses_newcomers_runs_its_queue(void **state)
+{
+    at_zone_t *old = zone_new(2, 4, 30000 * MS), *z = zone_new(2, 4, 30000 * MS);
+    waiter_arg_t a = {.z = old, .result = AT_ERROR, .hold_until = &replaced_go};
+    at_request_t quick = {.client = NULL, .may_wait = 1, .timeout_us = 200 * MS};
+    at_ticket_t o[2], x, t[2];
+    at_zone_glance_t g;
+    pthread_t th;
+    (void)state;
+
+    replaced_go = 0;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(at_zone_acquire(old, &o[i], NULL, NULL), AT_ADMITTED);
+    }
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(old, 1);
+    at_zone_succeed(z, old);
+    /* refused at once, not queued (it would wait out its 200 ms) */
+    assert_int_equal(at_zone_acquire_req(old, &x, &quick, NULL, NULL), AT_REJECTED_FULL);
+    at_zone_glance(old, &g);
+    assert_int_equal(g.queued, 1);
+    assert_int_equal(at_zone_acquire_now(z, &t[0]), AT_REJECTED_FULL); /* the old 2 run */
+    at_zone_release(old, &o[0]);
+    while (__atomic_load_n(&a.result, __ATOMIC_SEQ_CST) == AT_ERROR) {
+        usleep(1000); /* what waited in the old zone runs there */
+    }
+    assert_int_equal(a.result, AT_QUEUED);
+    assert_int_equal(at_zone_acquire_now(z, &t[0]), AT_REJECTED_FULL);
+    at_zone_release(old, &o[1]);
+    assert_int_equal(at_zone_acquire_now(old, &x), AT_REJECTED_FULL); /* room, but replaced */
+    assert_int_equal(at_zone_acquire_now(z, &t[0]), AT_ADMITTED); /* 1 old + 1 new */
+    assert_int_equal(at_zone_acquire_now(z, &t[1]), AT_REJECTED_FULL);
+    __atomic_store_n(&replaced_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    assert_int_equal(at_zone_acquire_now(z, &t[1]), AT_ADMITTED);
+    at_zone_release(z, &t[0]);
+    at_zone_release(z, &t[1]);
+    assert_ptr_equal(at_zone_let_go_predecessor(z), old);
+    zone_free(old);
+    zone_free(z);
+}
+
+/* A release that hands its slot to the next waiter frees the slot, then
+ * fills it, under the old zone's lock: the successor and the parent, which
+ * read the old zone without that lock, must not take the moment between
+ * for room, or for an idle zone. */
+static int handoff_paused, handoff_go, handoff_armed;
+
+static void pause_in_handoff(int where, int n)
+{
+    if (where == AT_STEP_DISPATCH && n == 1
+        && __atomic_exchange_n(&handoff_armed, 0, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&handoff_paused, 1, __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&handoff_go, __ATOMIC_SEQ_CST)) {
+            usleep(1000);
+        }
+    }
+}
+
+static void *release_in_thread(void *p)
+{
+    void **arg = p;
+
+    at_zone_release(arg[0], arg[1]);
+    return NULL;
+}
+
+static void test_successor_sees_no_room_in_a_handoff(void **state)
+{
+    at_zone_t *old = zone_new(1, 4, 30000 * MS), *z = zone_new(1, 4, 30000 * MS);
+    waiter_arg_t a = {.z = old, .result = AT_ERROR, .hold_until = &replaced_go};
+    at_ticket_t o, t;
+    pthread_t th, rel;
+    void *arg[2] = {old, &o};
+    at_result_t seen;
+    at_zone_t *let_go;
+    (void)state;
+
+    replaced_go = handoff_paused = handoff_go = 0;
+    assert_int_equal(at_zone_acquire(old, &o, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, waiter_thread, &a);
+    wait_until_queued(old, 1);
+    at_zone_succeed(z, old);
+    handoff_armed = 1;
+    at_test_step_hook = pause_in_handoff;
+    pthread_create(&rel, NULL, release_in_thread, arg);
+    while (!__atomic_load_n(&handoff_paused, __ATOMIC_SEQ_CST)) {
+        usleep(1000);
+    }
+    seen = at_zone_acquire_now(z, &t); /* the old slot between its two owners */
+    let_go = at_zone_let_go_predecessor(z);
+    __atomic_store_n(&handoff_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(rel, NULL);
+    at_test_step_hook = NULL;
+    if (seen == AT_ADMITTED) {
+        at_zone_release(z, &t);
+    }
+    __atomic_store_n(&replaced_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    assert_int_equal(seen, AT_REJECTED_FULL);
+    assert_null(let_go);
+    assert_int_equal(a.result, AT_QUEUED);
+    zone_free(old);
+    zone_free(z);
+}
+
+/* Of what waits in the old zone, the successor counts only what the old
+ * zone could still run under its own limit: a long old queue behind a
+ * small old limit does not starve the new zone. */
+static void test_successor_counts_only_what_the_old_zone_can_run(void **state)
+{
+    at_zone_t *old = zone_new(1, 4, 30000 * MS), *z = zone_new(3, 4, 30000 * MS);
+    waiter_arg_t a[2] = {{.z = old, .result = AT_ERROR, .hold_until = &replaced_go},
+                         {.z = old, .result = AT_ERROR, .hold_until = &replaced_go}};
+    at_ticket_t o, t[3];
+    pthread_t th[2];
+    (void)state;
+
+    replaced_go = 0;
+    assert_int_equal(at_zone_acquire(old, &o, NULL, NULL), AT_ADMITTED);
+    for (int i = 0; i < 2; i++) {
+        pthread_create(&th[i], NULL, waiter_thread, &a[i]);
+        wait_until_queued(old, (apr_uint32_t)i + 1);
+    }
+    at_zone_succeed(z, old);
+    assert_int_equal(at_zone_acquire_now(z, &t[0]), AT_ADMITTED); /* the old zone runs 1 at most */
+    assert_int_equal(at_zone_acquire_now(z, &t[1]), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_now(z, &t[2]), AT_REJECTED_FULL);
+    __atomic_store_n(&replaced_go, 1, __ATOMIC_SEQ_CST);
+    at_zone_release(old, &o);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].result, AT_QUEUED);
+    }
+    at_zone_release(z, &t[0]);
+    at_zone_release(z, &t[1]);
+    zone_free(old);
+    zone_free(z);
+}
+
+/* The parent marks the old zone without waiting for its lock: a holder
+ * that passed the mark may still let one in, so while the lock is held the
+ * successor counts one more, till the holder's unlock says exactly. */
+static void test_successor_counts_one_more_while_the_old_lock_is_held(void **state)
+{
+    at_zone_t *old = zone_new(2, 4, 30000 * MS), *z = zone_new(2, 4, 30000 * MS);
+    at_ticket_t o, t;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(old, &o, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_debug_take_lock(old), APR_SUCCESS);
+    at_zone_succeed(z, old);
+    assert_int_equal(at_zone_acquire_now(z, &t), AT_REJECTED_FULL); /* 1 + the one unseen */
+    at_zone_debug_release_lock(old);
+    assert_int_equal(at_zone_acquire_now(z, &t), AT_ADMITTED); /* 1 + 1 */
+    at_zone_release(z, &t);
+    at_zone_release(old, &o);
+    zone_free(old);
+    zone_free(z);
+}
+
 static void test_reconfigure_keeps_state(void **state)
 {
     at_zone_conf_t c = {.limit = 1, .queue = 4, .timeout_us = 5000 * MS,
@@ -1741,6 +1907,10 @@ int main(void)
         cmocka_unit_test(test_waiter_leaves_without_the_lock),
         cmocka_unit_test(test_reconfigure_keeps_state),
         cmocka_unit_test(test_successor_counts_what_runs_in_the_old_zone),
+        cmocka_unit_test(test_replaced_zone_refuses_newcomers_runs_its_queue),
+        cmocka_unit_test(test_successor_sees_no_room_in_a_handoff),
+        cmocka_unit_test(test_successor_counts_one_more_while_the_old_lock_is_held),
+        cmocka_unit_test(test_successor_counts_only_what_the_old_zone_can_run),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_retry_after_resists_one_slow_request),
         cmocka_unit_test(test_retry_after_is_spread),
