@@ -245,20 +245,6 @@ int at_zone_counts(const at_zone_t *z, const at_zone_t *old)
     return __atomic_load_n(&z->predecessor, __ATOMIC_ACQUIRE) == old;
 }
 
-void at_zone_succeed(at_zone_t *z, at_zone_t *old)
-{
-    __atomic_store_n(&old->replaced, 1, __ATOMIC_RELEASE);
-    if (zone_trylock(old) == 0) {
-        zone_unlock(old); /* its count published, the mark seen by every later holder */
-    }
-    else {
-        /* a holder (stopped, or mid-admission) may let one more in before
-         * it sees the mark; its unlock publishes the exact count */
-        __atomic_add_fetch(&old->held_at_unlock, 1, __ATOMIC_ACQ_REL);
-    }
-    __atomic_store_n(&z->predecessor, old, __ATOMIC_RELEASE);
-}
-
 int at_zone_idle(const at_zone_t *z)
 {
     /* held_at_unlock too: a hand-off shows active and queued at 0 for a
