@@ -481,7 +481,7 @@ static const char *bound_auto_limit(apr_pool_t *p, at_zone_conf_t *c)
         /* only a stand-in until post_config: it must not refuse a reserve
          * that the workers' share will hold */
         if (c->limit_max <= c->reserve) {
-            c->limit_max = c->reserve + 1;
+            c->limit_max = c->reserve < AT_LIMIT_MAX ? c->reserve + 1 : AT_LIMIT_MAX;
         }
         c->max_from = AT_MAX_FROM_CPUS;
     }

@@ -171,6 +171,11 @@ static void test_auto_max_from_workers(void **state)
     assert_null(parse_line("limit=auto reserve=5000", &c));
     at_conf_max_from_workers(&c, 400);
     assert_int_equal(c.limit_max, 5001);
+    /* one at the top of what a limit may be leaves no slot: refused, and the
+     * stand-in max never passes the top (the fuzzer's find) */
+    assert_non_null(parse_line("limit=auto min=44 reserve=100000", &c));
+    assert_null(parse_line("limit=auto reserve=99999", &c));
+    assert_true(c.limit_max <= AT_LIMIT_MAX && c.limit <= c.limit_max);
 
     assert_null(parse_line("limit=auto max=64", &c)); /* given: untouched */
     at_conf_max_from_workers(&c, 400);
