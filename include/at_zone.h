@@ -193,9 +193,10 @@ int at_zone_compatible(const at_zone_t *z);
 int at_zone_counts(const at_zone_t *z, const at_zone_t *old);
 
 /* In the parent, when z replaces old at a restart (old cannot hold the new
- * definition): what still runs or waits in old counts against z's limit
- * until it ends, and old refuses newcomers from then on, so old and new
- * together never run more than z's limit. */
+ * definition): what runs in old, and as much of what waits there as its
+ * own limit could run, counts against z's limit until it ends; old refuses
+ * newcomers from then on, so old and new together never run more than
+ * z's limit. */
 void at_zone_succeed(at_zone_t *z, at_zone_t *old);
 
 /* Nothing running or waiting, and no replaced zone behind it. */
@@ -276,7 +277,7 @@ void at_zone_key_from_text(const at_zone_t *z, const char *text, apr_size_t n,
  * together they may be a moment apart. */
 typedef struct {
     apr_uint32_t limit, active, queued, queue_cap;
-    apr_uint32_t running; /* active, and what still runs or waits in the zones it replaced */
+    apr_uint32_t running; /* active, and what the zones it replaced run or could run of their queues */
     int broken; /* the zone's lock failed for good: it lets everything through */
 } at_zone_glance_t;
 void at_zone_glance(at_zone_t *z, at_zone_glance_t *out);

@@ -45,10 +45,9 @@ sub resumed { scalar(() = $srv->{log}->() =~ /resuming normal operations/g) }
 my @old = map { bg_get("/cgi-bin/probe.cgi?tag=grow&sleep=120000&release=1&id=o$_", port => $srv->{port}) }
           1 .. 2;
 wait_until(sub { (probe_count_in($probes, 'grow'))[0] == 2 }, 30) or die 'the first two never ran';
-my %gen1 = map { $_ => 1 } children_of($srv->{pid});
-
 write_zone(300);
 my $before = resumed();
+my %gen1 = map { $_ => 1 } children_of($srv->{pid});
 kill 'USR1', $srv->{pid};
 wait_until(sub { resumed() > $before }, 30) or die 'no graceful restart';
 

@@ -225,13 +225,14 @@ int zone_take_reclaim_if_due(at_zone_t *z, apr_int64_t now)
  * count published by taking the lock only if it is free. */
 void at_zone_succeed(at_zone_t *z, at_zone_t *old)
 {
-    __atomic_store_n(&old->replaced, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&old->replaced, 1, __ATOMIC_SEQ_CST); /* before the trylock's read */
     if (zone_trylock(old) == 0) {
         zone_unlock(old); /* its count published, the mark seen by every later holder */
     }
     else {
         /* a holder (stopped, or mid-admission) may let one more in before
-         * it sees the mark; its unlock publishes the exact count */
+         * it sees the mark; the next unlock after this one publishes the
+         * exact count (till then the successor counts one too many) */
         __atomic_add_fetch(&old->held_at_unlock, 1, __ATOMIC_ACQ_REL);
     }
     __atomic_store_n(&z->predecessor, old, __ATOMIC_RELEASE);

@@ -592,7 +592,7 @@ static void test_replaced_zone_refuses_newcomers_runs_its_queue(void **state)
     assert_int_equal(g.queued, 1);
     assert_int_equal(at_zone_acquire_now(z, &t[0]), AT_REJECTED_FULL); /* the old 2 run */
     at_zone_release(old, &o[0]);
-    while (__atomic_load_n(&a.result, __ATOMIC_SEQ_CST) == AT_ERROR) {
+    for (int i = 0; i < 30000 && __atomic_load_n(&a.result, __ATOMIC_SEQ_CST) == AT_ERROR; i++) {
         usleep(1000); /* what waited in the old zone runs there */
     }
     assert_int_equal(a.result, AT_QUEUED);
@@ -655,9 +655,10 @@ static void test_successor_sees_no_room_in_a_handoff(void **state)
     handoff_armed = 1;
     at_test_step_hook = pause_in_handoff;
     pthread_create(&rel, NULL, release_in_thread, arg);
-    while (!__atomic_load_n(&handoff_paused, __ATOMIC_SEQ_CST)) {
+    for (int i = 0; i < 30000 && !__atomic_load_n(&handoff_paused, __ATOMIC_SEQ_CST); i++) {
         usleep(1000);
     }
+    assert_true(__atomic_load_n(&handoff_paused, __ATOMIC_SEQ_CST)); /* the hand-off was reached */
     seen = at_zone_acquire_now(z, &t); /* the old slot between its two owners */
     let_go = at_zone_let_go_predecessor(z);
     __atomic_store_n(&handoff_go, 1, __ATOMIC_SEQ_CST);
