@@ -1,6 +1,7 @@
 # Worker threads kept free (ThrottleKeepIdleWorkers): a server of 50
 # workers, a zone whose queue alone could take 100 of them, 60 clients on
-# a CGI that sleeps 5 s. By default the requests that would wait while
+# a CGI that sleeps 5 s, all at once (several reach one child within the
+# same few milliseconds). By default the requests that would wait while
 # fewer than 2 workers are idle get 503 at once (rejected-workers), and
 # static files keep being served; with ThrottleKeepIdleWorkers 0 the
 # waiters take every worker and static requests are not answered.
@@ -60,17 +61,25 @@ sub get_within {
     return $st;
 }
 
-# 60 clients on the sleeping CGI, one every 20 ms; then 10 static requests,
-# each given 3 s. Returns the static statuses and the zone's counters.
+# 60 clients on the sleeping CGI, started together; a second later 10
+# static requests, each given 3 s. Returns the static statuses and the zone's counters.
 sub flood {
     my ($srv) = @_;
     my @pids;
+    # each client waits for the pipe to close, so that all of them connect at once
+    pipe(my $go_r, my $go_w) or die "pipe: $!";
     for my $i (1 .. 60) {
         my $pid = fork // die;
-        if (!$pid) { get_within($srv->{port}, "/cgi-bin/probe.cgi?tag=k&sleep=5000", 30); POSIX::_exit(0) }
+        if (!$pid) {
+            close $go_w;
+            sysread $go_r, my $byte, 1;
+            get_within($srv->{port}, "/cgi-bin/probe.cgi?tag=k&sleep=5000", 30);
+            POSIX::_exit(0);
+        }
         push @pids, $pid;
-        sleep 0.02;
     }
+    close $go_r;
+    close $go_w;
     sleep 1;
     my @static = map { get_within($srv->{port}, '/hello.txt', 3) } 1 .. 10;
     # What was running and waiting at its height, then the totals once the
@@ -89,8 +98,8 @@ sub flood {
 my $srv = server('');
 my ($static, $c) = flood($srv);
 my $ok = grep { $_ == 200 } @$static;
-print STDERR "# keep_idle.t ($mpm): default: static 200s $ok of 10; zone: queued ",
-    $c->{Queued} // 'unread', ',',
+print STDERR "# keep_idle.t ($mpm): default: static 200s $ok of 10; zone: running ",
+    $c->{Active} // 'unread', ', queued ', $c->{Queued} // 'unread', ',',
     " rejected-workers $c->{RejectedWorkers}, rejected-full $c->{RejectedFull}\n";
 ok t_cmp($ok, 10, 'default: every static request is served while the zone floods');
 ok t_cmp($c->{RejectedWorkers} > 0, 1, "the requests that would wait on the last workers "

@@ -23,8 +23,9 @@
 
 APLOG_USE_MODULE(adaptive_throttle);
 
-/* The scoreboard is read at most this often per process, and only for a
- * request that finds its zone full. */
+/* The scoreboard is read only for a request that finds its zone full; a
+ * refusal may rest on a count this old (per process), so that a flood of
+ * refusals does not read it for each one. */
 #define SCAN_EVERY_US (10 * 1000)
 /* Default N: this share of MaxRequestWorkers, and at least KEEP_IDLE_MIN. */
 #define KEEP_IDLE_PERCENT 5
@@ -117,10 +118,13 @@ int at_may_wait(at_zone_t *z)
         return 1; /* a slot is free: it will not wait (and if it must, briefly) */
     }
     now = apr_time_now();
-    if (now - scanned_at >= SCAN_EVERY_US || now < scanned_at) {
-        idle_seen = count_idle_workers();
-        scanned_at = now;
+    if (idle_seen < keep && now - scanned_at < SCAN_EVERY_US && now >= scanned_at) {
+        return 0;
     }
+    /* A waiter holds its worker while it waits: it is let in only on a
+     * fresh count, in which every request already accepted is busy. */
+    idle_seen = count_idle_workers();
+    scanned_at = now;
     return idle_seen >= keep;
 }
 
