@@ -45,10 +45,17 @@ typedef enum {
 #define AT_PRIORITY_MAX 10
 #define AT_PRIORITIES (AT_PRIORITY_MAX - AT_PRIORITY_MIN + 1)
 
+/* A request's may_wait when the caller guessed that it would run at once:
+ * should it have to wait after all, wait_check() decides, under the zone's
+ * lock (NULL: it may). */
+#define AT_WAIT_ASK 2
+
 /* What a request asks of a zone. */
 typedef struct {
     const at_client_key_t *client; /* for per_client or per_key; NULL: nobody */
-    int may_wait;           /* 0: refused (AT_REJECTED_WORKERS) rather than queued */
+    int may_wait;           /* 0: refused (AT_REJECTED_WORKERS) rather than queued;
+                               1: it may wait; AT_WAIT_ASK: ask wait_check */
+    int (*wait_check)(void); /* AT_WAIT_ASK: nonzero if it may wait */
     int priority;           /* AT_PRIORITY_MIN to AT_PRIORITY_MAX */
     apr_int64_t timeout_us; /* how long it may wait; 0: the zone's timeout */
 } at_request_t;
@@ -234,6 +241,9 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
  * full of waiters it cannot displace. Read before a request's body is: a
  * request about to be refused is not asked for its body. */
 int at_zone_looks_full(const at_zone_t *z, int priority);
+/* Without the lock, a guess: a slot below reserve= is free for a request of
+ * this priority (waiters ahead and mem= are not looked at). */
+int at_zone_looks_free(const at_zone_t *z, int priority);
 
 /* read_body_total: room for a body of bytes about to be read before its
  * request has a slot (the most it may hold, when its length is unknown).

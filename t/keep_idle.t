@@ -1,5 +1,7 @@
 # Worker threads kept free (ThrottleKeepIdleWorkers): a server of 50
-# workers, a zone whose queue alone could take 100 of them, 60 clients on
+# workers, a zone whose queue alone could take 100 of them (its third slot
+# kept by reserve= for higher priorities, so that it never looks full to
+# the requests of priority 0 that fill the other two), 60 clients on
 # a CGI that sleeps 5 s, all at once (several reach one child within the
 # same few milliseconds). By default the requests that would wait while
 # fewer than 2 workers are idle get 503 at once (rejected-workers), and
@@ -34,7 +36,7 @@ MaxSpareThreads 50
 MaxRequestWorkers 50
 KeepAlive Off
 $keep
-ThrottleZone heavy limit=2 queue=100 timeout=30s
+ThrottleZone heavy limit=3 reserve=1 queue=100 timeout=30s
 <Location /cgi-bin/>
     Throttle heavy
 </Location>

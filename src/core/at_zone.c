@@ -264,6 +264,15 @@ static void spend_rate(at_zone_t *z, rate_turn_t *rt)
     }
 }
 
+/* Lock held: may a request that has to wait do so? */
+static int may_wait_now(const at_request_t *rq)
+{
+    if (rq->may_wait == AT_WAIT_ASK) {
+        return !rq->wait_check || rq->wait_check();
+    }
+    return rq->may_wait;
+}
+
 /* Lock held; lets it go. Past rate=: the share of the request's client or
  * key, a slot now, a place in the queue, or a refusal. */
 static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request_t *rq,
@@ -303,7 +312,7 @@ static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request
              || z->free_waiter == NONE) {
         r = refuse_newcomer(z, rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
     }
-    else if (!rq->may_wait) {
+    else if (!may_wait_now(rq)) {
         r = refuse_newcomer(z, rq, AT_REJECTED_WORKERS, &z->counters.rejected_workers,
                             start);
     }
@@ -425,6 +434,12 @@ int at_zone_looks_full(const at_zone_t *z, int priority)
     return tail == NONE
            || __atomic_load_n(&waiters((at_zone_t *)z)[tail].priority, __ATOMIC_RELAXED)
                   >= priority;
+}
+
+int at_zone_looks_free(const at_zone_t *z, int priority)
+{
+    return !__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
+           && zone_running(z) < zone_slots_for(z, priority);
 }
 
 /* The ticket's wait is all the time the request spent here: for the zone's

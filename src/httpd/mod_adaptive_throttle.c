@@ -468,7 +468,8 @@ static int throttle_handler(request_rec *r)
     request_key(r, ref, &client);
     at_faults_hang_holding_lock(r, ref->zone);
     rq.client = &client;
-    rq.may_wait = at_may_wait(ref->zone);
+    rq.may_wait = at_may_wait(ref->zone, d->priority);
+    rq.wait_check = at_workers_let_wait;
     rq.priority = d->priority;
     rq.timeout_us = d->priority_timeout_us;
     res = at_zone_acquire_req(ref->zone, &st->ticket, &rq, client_gone, r);

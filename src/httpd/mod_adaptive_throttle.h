@@ -141,11 +141,13 @@ const char *at_set_agent(cmd_parms *cmd, void *dummy, const char *name);
 const char *at_set_drain_file(cmd_parms *cmd, void *dummy, const char *path);
 void at_lb_register_hooks(void);
 
-/* Workers kept free (mod_adaptive_throttle_workers.c): may a request that
- * finds zone z full wait, holding its worker? And the startup warning when
+/* Workers kept free (mod_adaptive_throttle_workers.c): may a request of
+ * this priority wait in zone z, holding its worker (AT_WAIT_ASK: it looks
+ * free; at_workers_let_wait decides if it must wait)? And the warning when
  * the zones' waiters could take the workers kept for everything else. */
 const char *at_set_keep_idle_workers(cmd_parms *cmd, void *dummy, const char *arg);
-int at_may_wait(at_zone_t *z);
+int at_may_wait(at_zone_t *z, int priority);
+int at_workers_let_wait(void);
 /* limit=auto zones without max=: max from the workers left (post_config,
  * before the zones are made). */
 int at_size_zones(server_rec *s, apr_pool_t *p);

@@ -104,28 +104,32 @@ static int count_idle_workers(void)
     return max_workers() - busy;
 }
 
-int at_may_wait(at_zone_t *z)
+int at_workers_let_wait(void)
 {
-    at_zone_glance_t g;
-    apr_time_t now;
-    int keep = keep_idle_workers();
+    int keep = keep_idle_workers(), idle;
+    apr_time_t now = apr_time_now();
 
-    if (keep == 0) {
-        return 1;
-    }
-    at_zone_glance(z, &g);
-    if (g.active < g.limit) {
-        return 1; /* a slot is free: it will not wait (and if it must, briefly) */
-    }
-    now = apr_time_now();
     if (idle_seen < keep && now - scanned_at < SCAN_EVERY_US && now >= scanned_at) {
         return 0;
     }
     /* A waiter holds its worker while it waits: it is let in only on a
-     * fresh count, in which every request already accepted is busy. */
-    idle_seen = count_idle_workers();
+     * count of its own, in which every request already accepted is busy
+     * (another thread may store its count meanwhile). */
+    idle = count_idle_workers();
+    idle_seen = idle;
     scanned_at = now;
-    return idle_seen >= keep;
+    return idle >= keep;
+}
+
+int at_may_wait(at_zone_t *z, int priority)
+{
+    if (keep_idle_workers() == 0) {
+        return 1;
+    }
+    /* Likely to run at once: the scoreboard is read only if it must wait
+     * after all, under the zone's lock (a slot taken meanwhile, reserve=
+     * or mem= holding it back). */
+    return at_zone_looks_free(z, priority) ? AT_WAIT_ASK : at_workers_let_wait();
 }
 
 /* The workers a zone can hold at once: its running and waiting requests. */

@@ -210,6 +210,49 @@ static void test_no_wait_refuses_instead_of_queueing(void **state)
     zone_free(z);
 }
 
+/* AT_WAIT_ASK (the module guessed a slot was free): the check of idle
+ * workers is asked only when the request has to wait after all, as it does
+ * when reserve= keeps the zone's last slot from priority 0. */
+static int wait_check_calls, wait_check_answer;
+
+static int count_wait_check(void)
+{
+    wait_check_calls++;
+    return wait_check_answer;
+}
+
+static void test_wait_check_asked_only_to_wait(void **state)
+{
+    at_zone_conf_t c = {.limit = 3,
+                        .queue = 4,
+                        .timeout_us = 20 * MS,
+                        .reserve = 1,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
+    at_zone_t *z = zone_new_conf(&c);
+    at_request_t rq = {.may_wait = AT_WAIT_ASK, .wait_check = count_wait_check};
+    at_ticket_t a, b, t;
+    (void)state;
+
+    wait_check_calls = 0;
+    assert_true(at_zone_looks_free(z, 0));
+    assert_int_equal(at_zone_acquire_req(z, &a, &rq, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_req(z, &b, &rq, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(wait_check_calls, 0); /* they ran: nothing to ask */
+    assert_false(at_zone_looks_free(z, 0)); /* one slot left, kept by reserve=1 */
+    assert_true(at_zone_looks_free(z, 1));
+    wait_check_answer = 0;
+    assert_int_equal(at_zone_acquire_req(z, &t, &rq, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_int_equal(wait_check_calls, 1);
+    wait_check_answer = 1;
+    assert_int_equal(at_zone_acquire_req(z, &t, &rq, NULL, NULL), AT_REJECTED_TIMEOUT);
+    assert_int_equal(wait_check_calls, 2);
+    assert_int_equal(stats_of(z).counters.rejected_workers, 1);
+    assert_int_equal(stats_of(z).counters.queued_total, 1);
+    at_zone_release(z, &a);
+    at_zone_release(z, &b);
+    zone_free(z);
+}
+
 static void test_timeout(void **state)
 {
     at_zone_t *z = zone_new(1, 4, 120 * MS);
@@ -1895,6 +1938,7 @@ int main(void)
         cmocka_unit_test(test_no_barging),
         cmocka_unit_test(test_queue_full_rejects_at_once),
         cmocka_unit_test(test_no_wait_refuses_instead_of_queueing),
+        cmocka_unit_test(test_wait_check_asked_only_to_wait),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_abort_leaves_queue),
         cmocka_unit_test(test_reclaim_zombie_holder),
