@@ -247,8 +247,8 @@ sub restarts_seen {
 # A TCP port free on 127.0.0.1 now.
 # Runs $code with the machine's CPUs to this suite alone among the suites
 # t/run-apache-tests runs side by side (it names a lock file in AT_CPU_LOCK):
-# a test that measures what CPU-bound or waiting work does to limit=auto
-# needs the CPUs it counts, not a share of them with other CPU-burning tests.
+# a test that measures what CPU-bound work does to limit=auto needs the
+# CPUs it counts, not a share of them with other CPU-burning tests.
 sub with_cpus {
     my ($code) = @_;
     my $lock;
