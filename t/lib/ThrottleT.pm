@@ -521,7 +521,8 @@ sub children_of {
     my ($ppid) = @_;
     my @kids;
     for my $stat (glob '/proc/[0-9]*/stat') {
-        my $line = do { local (@ARGV, $/) = ($stat); eval { <> } } // next;
+        open(my $fh, '<', $stat) or next; # the process may be gone meanwhile
+        my $line = <$fh> // next;
         push @kids, $1 if $line =~ /^(\d+) \(.*\) \S (\d+) / && $2 == $ppid;
     }
     return @kids;
