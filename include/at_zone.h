@@ -241,8 +241,9 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
  * full of waiters it cannot displace. Read before a request's body is: a
  * request about to be refused is not asked for its body. */
 int at_zone_looks_full(const at_zone_t *z, int priority);
-/* Without the lock, a guess: a slot below reserve= is free for a request of
- * this priority (waiters ahead and mem= are not looked at). */
+/* Without the lock, a guess that a request of this priority will not wait:
+ * a slot below reserve= is free (waiters ahead and mem= are not looked
+ * at), or the zone never queues (a dry run, or replaced by a restart). */
 int at_zone_looks_free(const at_zone_t *z, int priority);
 
 /* read_body_total: room for a body of bytes about to be read before its

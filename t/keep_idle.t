@@ -64,7 +64,8 @@ sub get_within {
 }
 
 # 60 clients on the sleeping CGI, started together; a second later 10
-# static requests, each given 3 s. Returns the static statuses and the zone's counters.
+# static requests, each given 3 s. Returns the static statuses and the
+# zone's counters.
 sub flood {
     my ($srv) = @_;
     my @pids;

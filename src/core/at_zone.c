@@ -438,8 +438,10 @@ int at_zone_looks_full(const at_zone_t *z, int priority)
 
 int at_zone_looks_free(const at_zone_t *z, int priority)
 {
-    return !__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
-           && zone_running(z) < zone_slots_for(z, priority);
+    /* a dry run never queues, and a replaced zone refuses: nothing to ask */
+    return __atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
+           || __atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
+           || zone_running(z) < zone_slots_for(z, priority);
 }
 
 /* The ticket's wait is all the time the request spent here: for the zone's
