@@ -371,13 +371,32 @@ sub configtest {
     return $? == 0 ? '' : $out || "httpd -t exited $?";
 }
 
+# Every process running with a private server's directory on its command
+# line: its parent, its children, and children left by a parent killed.
+sub processes_in_dir {
+    my ($dir) = @_;
+    my @pids;
+    for my $f (glob '/proc/[0-9]*/cmdline') {
+        open(my $fh, '<', $f) or next; # the process may be gone meanwhile
+        my $cmd = do { local $/; <$fh> } // '';
+        push @pids, $f =~ m{^/proc/(\d+)/} if index($cmd, "\0-d\0$dir\0") >= 0;
+    }
+    return @pids;
+}
+
 # Servers started by this test, stopped at its end even if it dies midway
-# (by the process that started them, not by forked clients).
+# (by the process that started them, not by forked clients). Children
+# orphaned by a test that killed their parent keep serving: they go too.
 our @private_servers;
 END {
-    for my $srv (@private_servers) {
-        next unless $srv->{pid} && $srv->{owner} == $$ && kill 0, $srv->{pid};
-        kill 'TERM', $srv->{pid};
+    local $?;
+    my @mine = grep { $_->{owner} == $$ } @private_servers;
+    for my $srv (@mine) {
+        kill 'TERM', $srv->{pid} if $srv->{pid} && kill 0, $srv->{pid};
+    }
+    for my $srv (@mine) {
+        wait_until(sub { !processes_in_dir($srv->{dir}) }, 10);
+        kill 'KILL', processes_in_dir($srv->{dir});
     }
 }
 
