@@ -47,7 +47,7 @@ typedef enum {
 
 /* A request's may_wait when the caller guessed that it would run at once:
  * should it have to wait after all, wait_check() decides, under the zone's
- * lock (NULL: it may). */
+ * lock (NULL: it may not). */
 #define AT_WAIT_ASK 2
 
 /* What a request asks of a zone. */
@@ -242,8 +242,9 @@ at_result_t at_zone_acquire_now(at_zone_t *z, at_ticket_t *t);
  * request about to be refused is not asked for its body. */
 int at_zone_looks_full(const at_zone_t *z, int priority);
 /* Without the lock, a guess that a request of this priority will not wait:
- * a slot below reserve= is free (waiters ahead and mem= are not looked
- * at), or the zone never queues (a dry run, or replaced by a restart). */
+ * a slot below reserve= is free and no one of its priority or higher waits
+ * (mem= is not looked at), or the zone never queues (a dry run, or
+ * replaced by a restart). */
 int at_zone_looks_free(const at_zone_t *z, int priority);
 
 /* read_body_total: room for a body of bytes about to be read before its

@@ -196,21 +196,28 @@ static apr_int32_t enqueue(at_zone_t *z, const at_ticket_t *t, const at_request_
 }
 
 /* A full queue makes room for a request of higher priority than its
- * lowest: the newest waiter of the lowest priority is refused (it wakes to
- * AT_REJECTED_FULL). A spare record must be there for the newcomer. */
-static int evict_for(at_zone_t *z, int priority)
+ * lowest: the newest waiter of the lowest priority. */
+static int can_evict_for(const at_zone_t *z, int priority)
+{
+    apr_int32_t i = z->qtail;
+
+    return i != NONE && waiters((at_zone_t *)z)[i].priority < priority;
+}
+
+/* That waiter is refused (it wakes to AT_REJECTED_FULL). Only once the
+ * newcomer is sure to take its place: else two requests would be refused. */
+static void evict_for(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
     apr_int32_t i = z->qtail;
 
-    if (i == NONE || w[i].priority >= priority || z->free_waiter == NONE) {
-        return 0;
+    if (i == NONE) {
+        return; /* not reached: can_evict_for() said there is one */
     }
     zone_waiter_leave_queue(z, i);
     if (zone_leave_waiting(&w[i], W_EVICTED)) {
         zone_wake_word(&w[i].wake);
     }
-    return 1;
 }
 
 /* Priorities outside the range are taken as its nearest end. */
@@ -264,11 +271,12 @@ static void spend_rate(at_zone_t *z, rate_turn_t *rt)
     }
 }
 
-/* Lock held: may a request that has to wait do so? */
+/* Lock held: may a request that has to wait do so? An ask with no one to
+ * ask is a caller's mistake: it is refused, where it shows, not let wait. */
 static int may_wait_now(const at_request_t *rq)
 {
     if (rq->may_wait == AT_WAIT_ASK) {
-        return !rq->wait_check || rq->wait_check();
+        return rq->wait_check && rq->wait_check();
     }
     return rq->may_wait;
 }
@@ -307,9 +315,8 @@ static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request
         spend_rate(z, rt);
         r = run_over_cap(z, t, (int)__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE));
     }
-    else if (__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
-             || (z->queued >= z->queue_cap && !evict_for(z, rq->priority))
-             || z->free_waiter == NONE) {
+    else if (__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE) || z->free_waiter == NONE
+             || (z->queued >= z->queue_cap && !can_evict_for(z, rq->priority))) {
         r = refuse_newcomer(z, rq, AT_REJECTED_FULL, &z->counters.rejected_full, start);
     }
     else if (!may_wait_now(rq)) {
@@ -321,6 +328,9 @@ static at_result_t admit_or_queue(at_zone_t *z, at_ticket_t *t, const at_request
                             &z->counters.rejected_predicted, start);
     }
     else {
+        if (z->queued >= z->queue_cap) {
+            evict_for(z);
+        }
         spend_rate(z, rt);
         wi = enqueue(z, t, rq);
         zone_unlock_after_mem(z, m);
@@ -436,12 +446,23 @@ int at_zone_looks_full(const at_zone_t *z, int priority)
                   >= priority;
 }
 
+/* slot_free_for_newcomer() read without the lock (mem= aside) */
 int at_zone_looks_free(const at_zone_t *z, int priority)
 {
+    apr_int32_t head;
+
     /* a dry run never queues, and a replaced zone refuses: nothing to ask */
-    return __atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
-           || __atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
-           || zone_running(z) < zone_slots_for(z, priority);
+    if (__atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
+        || __atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)) {
+        return 1;
+    }
+    if (zone_running(z) >= zone_slots_for(z, priority)) {
+        return 0;
+    }
+    head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED);
+    return head == NONE
+           || __atomic_load_n(&waiters((at_zone_t *)z)[head].priority, __ATOMIC_RELAXED)
+                  < priority;
 }
 
 /* The ticket's wait is all the time the request spent here: for the zone's

@@ -127,8 +127,8 @@ int at_may_wait(at_zone_t *z, int priority)
         return 1;
     }
     /* Likely to run at once: the scoreboard is read only if it must wait
-     * after all, under the zone's lock (a slot taken meanwhile, reserve=
-     * or mem= holding it back). */
+     * after all, under the zone's lock (a slot taken or a waiter queued
+     * meanwhile, or mem= holding it back). */
     return at_zone_looks_free(z, priority) ? AT_WAIT_ASK : at_workers_let_wait();
 }
 

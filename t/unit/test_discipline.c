@@ -180,6 +180,84 @@ static void test_full_queue_makes_room_for_higher(void **state)
     zone_free(z);
 }
 
+static int refuse_wait(void)
+{
+    return 0;
+}
+
+/* A newcomer of higher priority that is refused all the same (it may not
+ * wait: no idle worker to spare) leaves the full queue as it was: one
+ * refusal, not two. */
+static void test_refused_newcomer_displaces_no_one(void **state)
+{
+    at_zone_t *z = zone_new(1, 1, 5000 * MS);
+    req_arg_t low = {z, 0, 0, 0, 1 * MS, AT_ERROR, 0, NULL, NULL};
+    pthread_t th;
+    at_ticket_t hold, t;
+    at_request_t no = {.may_wait = 0, .priority = 5};
+    at_request_t ask = {.may_wait = AT_WAIT_ASK, .wait_check = refuse_wait, .priority = 5};
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, request_thread, &low);
+    wait_until_queued(z, 1);
+    assert_int_equal(at_zone_acquire_req(z, &t, &no, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_int_equal(at_zone_acquire_req(z, &t, &ask, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_int_equal(queued_now(z), 1); /* the waiter stays */
+    assert_int_equal(stats_of(z).counters.rejected_full, 0);
+    assert_int_equal(stats_of(z).counters.rejected_workers, 2);
+    at_zone_release(z, &hold);
+    pthread_join(th, NULL);
+    assert_int_equal(low.result, AT_QUEUED);
+    zone_free(z);
+}
+
+/* AT_WAIT_ASK with no check to ask is refused rather than let wait. */
+static void test_ask_without_a_check_is_refused(void **state)
+{
+    at_zone_t *z = zone_new(1, 4, 5000 * MS);
+    at_ticket_t hold, t;
+    at_request_t ask = {.may_wait = AT_WAIT_ASK, .timeout_us = 50 * MS};
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    assert_int_equal(at_zone_acquire_req(z, &t, &ask, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_int_equal(queued_now(z), 0);
+    at_zone_release(z, &hold);
+    zone_free(z);
+}
+
+/* The guess made without the lock agrees with the zone's rule: a request
+ * runs at once past waiters of lower priority only. */
+static void test_looks_free_agrees_with_the_lock(void **state)
+{
+    at_zone_conf_t c = {.limit = 2,
+                        .queue = 4,
+                        .timeout_us = 5000 * MS,
+                        .reserve = 1,
+                        .retry_after = AT_RETRY_AFTER_AUTO};
+    at_zone_t *z = zone_new_conf(&c);
+    req_arg_t low = {z, 0, 0, 0, 1 * MS, AT_ERROR, 0, NULL, NULL};
+    at_request_t hi = {.may_wait = 0, .priority = 1};
+    at_request_t same = {.may_wait = 0};
+    pthread_t th;
+    at_ticket_t hold, t;
+    (void)state;
+
+    assert_int_equal(at_zone_acquire(z, &hold, NULL, NULL), AT_ADMITTED);
+    pthread_create(&th, NULL, request_thread, &low); /* priority 0: reserve=1 holds it */
+    wait_until_queued(z, 1);
+    assert_false(at_zone_looks_free(z, 0));
+    assert_int_equal(at_zone_acquire_req(z, &t, &same, NULL, NULL), AT_REJECTED_WORKERS);
+    assert_true(at_zone_looks_free(z, 1));
+    assert_int_equal(at_zone_acquire_req(z, &t, &hi, NULL, NULL), AT_ADMITTED);
+    at_zone_release(z, &t);
+    at_zone_release(z, &hold);
+    pthread_join(th, NULL);
+    assert_int_equal(low.result, AT_QUEUED);
+    zone_free(z);
+}
+
 /* Out of range is taken as the nearest end, not refused. */
 static void test_priority_clamped(void **state)
 {
@@ -603,6 +681,9 @@ int main(void)
         cmocka_unit_test(test_high_priority_passes_ten_low),
         cmocka_unit_test(test_priority_clamped),
         cmocka_unit_test(test_full_queue_makes_room_for_higher),
+        cmocka_unit_test(test_refused_newcomer_displaces_no_one),
+        cmocka_unit_test(test_ask_without_a_check_is_refused),
+        cmocka_unit_test(test_looks_free_agrees_with_the_lock),
         cmocka_unit_test(test_reserve_holds),
         cmocka_unit_test(test_priority_timeout),
         cmocka_unit_test(test_codel_burst_that_drains_keeps_the_timeout),
