@@ -138,13 +138,24 @@ static int client_at_quota(at_zone_t *z, const at_client_key_t *client)
     return z->per_client && at_client_count(&z->clients, client) >= z->per_client;
 }
 
+/* Nobody of this priority or higher waits (atomic reads: also a guess
+ * without the lock). */
+static int queue_head_below(const at_zone_t *z, int priority)
+{
+    apr_int32_t head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED);
+
+    return head == NONE
+           || __atomic_load_n(&waiters((at_zone_t *)z)[head].priority, __ATOMIC_RELAXED)
+                  < priority;
+}
+
 /* A newcomer runs at once only if nobody of its priority or higher waits:
  * a waiter of lower priority may be held back by reserve=. */
 static int slot_free_for_newcomer(const at_zone_t *z, int priority)
 {
     return !__atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
-           && zone_running(z) < zone_slots_for(z, priority) && z->free_slot != NONE &&
-           (z->qhead == NONE || waiters((at_zone_t *)z)[z->qhead].priority < priority);
+           && zone_running(z) < zone_slots_for(z, priority) && z->free_slot != NONE
+           && queue_head_below(z, priority);
 }
 
 static int can_run_now(at_zone_t *z, int priority)
@@ -204,16 +215,14 @@ static int can_evict_for(const at_zone_t *z, int priority)
     return i != NONE && waiters((at_zone_t *)z)[i].priority < priority;
 }
 
-/* That waiter is refused (it wakes to AT_REJECTED_FULL). Only once the
- * newcomer is sure to take its place: else two requests would be refused. */
+/* That waiter is refused (it wakes to AT_REJECTED_FULL); can_evict_for()
+ * said there is one. Only once the newcomer is sure to take its place:
+ * else two requests would be refused. */
 static void evict_for(at_zone_t *z)
 {
     at_waiter_t *w = waiters(z);
     apr_int32_t i = z->qtail;
 
-    if (i == NONE) {
-        return; /* not reached: can_evict_for() said there is one */
-    }
     zone_waiter_leave_queue(z, i);
     if (zone_leave_waiting(&w[i], W_EVICTED)) {
         zone_wake_word(&w[i].wake);
@@ -449,20 +458,10 @@ int at_zone_looks_full(const at_zone_t *z, int priority)
 /* slot_free_for_newcomer() read without the lock (mem= aside) */
 int at_zone_looks_free(const at_zone_t *z, int priority)
 {
-    apr_int32_t head;
-
     /* a dry run never queues, and a replaced zone refuses: nothing to ask */
-    if (__atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
-        || __atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)) {
-        return 1;
-    }
-    if (zone_running(z) >= zone_slots_for(z, priority)) {
-        return 0;
-    }
-    head = __atomic_load_n(&z->qhead, __ATOMIC_RELAXED);
-    return head == NONE
-           || __atomic_load_n(&waiters((at_zone_t *)z)[head].priority, __ATOMIC_RELAXED)
-                  < priority;
+    return __atomic_load_n(&z->dry_run, __ATOMIC_RELAXED)
+           || __atomic_load_n(&z->replaced, __ATOMIC_ACQUIRE)
+           || (zone_running(z) < zone_slots_for(z, priority) && queue_head_below(z, priority));
 }
 
 /* The ticket's wait is all the time the request spent here: for the zone's

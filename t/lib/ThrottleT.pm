@@ -371,33 +371,43 @@ sub configtest {
     return $? == 0 ? '' : $out || "httpd -t exited $?";
 }
 
+# Each process's /proc/PID/$name read whole: (pid, text) pairs; a process
+# gone meanwhile is left out.
+sub proc_files {
+    my ($name) = @_;
+    my @out;
+    for my $f (glob "/proc/[0-9]*/$name") {
+        open(my $fh, '<', $f) or next;
+        my $text = do { local $/; <$fh> } // next;
+        push @out, [ $f =~ m{^/proc/(\d+)/}, $text ];
+    }
+    return @out;
+}
+
 # Every process running with a private server's directory on its command
 # line: its parent, its children, and children left by a parent killed.
 sub processes_in_dir {
     my ($dir) = @_;
-    my @pids;
-    for my $f (glob '/proc/[0-9]*/cmdline') {
-        open(my $fh, '<', $f) or next; # the process may be gone meanwhile
-        my $cmd = do { local $/; <$fh> } // '';
-        push @pids, $f =~ m{^/proc/(\d+)/} if index($cmd, "\0-d\0$dir\0") >= 0;
-    }
-    return @pids;
+    return map { $_->[0] } grep { index($_->[1], "\0-d\0$dir\0") >= 0 } proc_files('cmdline');
 }
 
 # Servers started by this test, stopped at its end even if it dies midway
-# (by the process that started them, not by forked clients). Children
-# orphaned by a test that killed their parent keep serving: they go too.
+# (by the process that started them, not by forked clients). A parent
+# takes its children with it; what is left once the parents are gone
+# (children orphaned by a test that killed their parent) is killed.
 our @private_servers;
 END {
     local $?;
     my @mine = grep { $_->{owner} == $$ } @private_servers;
+    my @parents;
     for my $srv (@mine) {
-        kill 'TERM', $srv->{pid} if $srv->{pid} && kill 0, $srv->{pid};
+        # the recorded pid, if it is still this server's (not one reused)
+        next unless $srv->{pid} && grep { $_ == $srv->{pid} } processes_in_dir($srv->{dir});
+        kill 'TERM', $srv->{pid};
+        push @parents, $srv->{pid};
     }
-    for my $srv (@mine) {
-        wait_until(sub { !processes_in_dir($srv->{dir}) }, 10);
-        kill 'KILL', processes_in_dir($srv->{dir});
-    }
+    wait_until(sub { !grep { kill 0, $_ } @parents }, 10);
+    kill 'KILL', map { processes_in_dir($_->{dir}) } @mine;
 }
 
 sub private_server {
@@ -538,13 +548,8 @@ sub open_connections {
 # Child processes of a pid, from /proc.
 sub children_of {
     my ($ppid) = @_;
-    my @kids;
-    for my $stat (glob '/proc/[0-9]*/stat') {
-        open(my $fh, '<', $stat) or next; # the process may be gone meanwhile
-        my $line = <$fh> // next;
-        push @kids, $1 if $line =~ /^(\d+) \(.*\) \S (\d+) / && $2 == $ppid;
-    }
-    return @kids;
+    return map { $_->[0] } grep { $_->[1] =~ /^\d+ \(.*\) \S (\d+) / && $1 == $ppid }
+        proc_files('stat');
 }
 
 probe_dir() if Apache::Test::vars('t_logs') && -d Apache::Test::vars('t_logs');
