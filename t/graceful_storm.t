@@ -95,7 +95,9 @@ my $calm = spawn('calm', sub { [ $srv->{get}->('/calm/probe.cgi?tag=calm&sleep=2
 wait_until(sub { status()->{'Throttle.calm.Active'} == 1 }) or die 'calm holder not in';
 
 # 8 clients on a zone of 2 + 4: at any time 2 run, 4 wait, the rest get 503;
-# until the restarts are over (told by a file), however long they take.
+# until the restarts are over (told by a file), however long they take. A
+# refused client asks again 50 ms later, as a client that backs off does:
+# the overload is as sustained, at a tenth of the requests.
 my $done = "$spool/restarts-done";
 my @load = map {
     spawn('load', sub {
@@ -106,6 +108,7 @@ my @load = map {
             # The module's 503 carries Retry-After; another module's would not.
             push @st, $r->{status} == 503 && $r->{raw} !~ /\r\nRetry-After: \d+\r\n/i
                       ? '503-not-ours' : $r->{status};
+            sleep 0.05 if $r->{status} == 503;
         }
         \@st;
     })

@@ -156,12 +156,16 @@ sub probe_order {
     return map { [split ' '] } <$fh>;
 }
 
+# How often wait_until asks: a test whose states change more slowly (and
+# whose condition is costly to ask) may set it higher.
+our $POLL = 0.02;
+
 sub wait_until {
     my ($cond, $secs) = @_;
     my $end = time + ($secs // 10);
     while (time < $end) {
         return 1 if $cond->();
-        sleep 0.02;
+        sleep $POLL;
     }
     return $cond->() ? 1 : 0;
 }
@@ -174,14 +178,14 @@ sub server_pid {
     return $pid;
 }
 
-# $clients clients each request $path in a loop for $secs seconds; returns
-# every status seen (0 for a failed connection). load_loop_ids returns
-# [id, status] instead: each request carries id=c<client>n<count> for
-# probe.cgi to record.
+# $clients clients each request $path in a loop for $secs seconds, or until
+# the file $stop exists if one is named; returns every status seen (0 for a
+# failed connection). load_loop_ids returns [id, status] instead: each
+# request carries id=c<client>n<count> for probe.cgi to record.
 sub load_loop { map { $_->[1] } load_loop_ids(@_) }
 
 sub load_loop_ids {
-    my ($path, $clients, $secs) = @_;
+    my ($path, $clients, $secs, $stop) = @_;
     # Removed here, not at exit: a caller may run this in a child that
     # leaves by POSIX::_exit, which skips File::Temp's cleanup.
     my $dir = tempdir();
@@ -192,7 +196,7 @@ sub load_loop_ids {
         if (!$pid) {
             my $end = time + $secs;
             my @st;
-            while (time < $end) {
+            while (time < $end && !(defined $stop && -e $stop)) {
                 my $id = "c${c}n" . scalar(@st);
                 my $r = eval { http_get("$path${sep}id=$id") } || { status => 0 };
                 push @st, [$id, $r->{status}];
