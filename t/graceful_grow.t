@@ -32,8 +32,15 @@ write_zone(8);
 # children are still starting their threads, and on a busy machine a
 # request that would wait then is refused (rejected-workers), which is
 # keep_idle.t's matter, not this test's. Each answer's child is logged.
+# One spare is enough: with httpd's default spares, the two old CGIs leave
+# too few idle workers, and the parent forks one more child as it takes the
+# restart signal, before it starts the new generation. That child is of
+# the old one, missing from %gen1, and refuses what it takes (every run
+# showed one).
 my $srv = private_server("Include $zones\nLogLevel adaptive_throttle:debug\n"
                          . "ThrottleKeepIdleWorkers 0\n"
+                         . "<IfModule mpm_prefork_module>\n    MinSpareServers 1\n</IfModule>\n"
+                         . "<IfModule !mpm_prefork_module>\n    MinSpareThreads 1\n</IfModule>\n"
                          . "LogFormat \"%P %>s %U%q\" bypid\n"
                          . "CustomLog $spool/access_log bypid\n"
                          . "<Location /ts>\n    SetHandler throttle-status\n</Location>\n"
@@ -78,16 +85,17 @@ print STDERR "# graceful_grow.t: old " . join(" ", map { $_->{status} } @ro) . "
 ok t_cmp(scalar(grep { $_->{status} == 200 } @ro), 2, 'the old two answered 200');
 # A 503 only from a child of the old generation (the old zone refuses
 # newcomers); the new zone queues every request its children take.
-wait_until(sub { my @l = access_lines(); @l >= @ro + @rn }, 10);
+my $logged = wait_until(sub { my @l = access_lines(); @l >= @ro + @rn }, 10);
 sub access_lines {
     open my $fh, '<', "$spool/access_log" or return ();
     return grep { m{/cgi-bin/probe\.cgi} } <$fh>;
 }
 my @refused_by_new = grep { /^(\d+) 503 / && !$gen1{$1} } access_lines();
 ok t_cmp(scalar(grep { $_->{status} == 200 || $_->{status} == 503 } @rn) == @rn
-         && !@refused_by_new ? 1 : 0, 1,
+         && $logged && !@refused_by_new ? 1 : 0, 1,
          'every new request answered 200, or 503 by an old child only')
-    or print STDERR map { "# access: $_" } access_lines();
+    or print STDERR "# access_log: " . scalar(my @l = access_lines()) . " lines of "
+        . (@ro + @rn) . " answers\n", map { "# access: $_" } access_lines();
 ok t_cmp($max, 2, 'the CGIs never saw more than the limit of 2 running across the restart');
 ok t_cmp($srv->{log}->() =~ /zone grow: its shared memory cannot be kept.*they count against the new limit/ ? 1 : 0,
          1, 'the log says the zone was laid anew and the old one counted');
