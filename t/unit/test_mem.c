@@ -220,12 +220,14 @@ typedef struct {
     at_result_t result;
     at_ticket_t t;
     apr_int64_t done_us;
+    int started;
 } waiter_t;
 
 static void *request(void *arg)
 {
     waiter_t *w = arg;
 
+    __atomic_store_n(&w->started, 1, __ATOMIC_SEQ_CST);
     w->result = at_zone_acquire(w->z, &w->t, NULL, NULL);
     __atomic_store_n(&w->done_us, at_now_us(), __ATOMIC_SEQ_CST);
     return NULL;
@@ -501,7 +503,7 @@ static void test_slow_reading_outside_the_lock(void **state)
     (void)state;
 
     z = zone_mem(2, 2, 100 * MiB, FOREVER);
-    reader = (waiter_t){z, AT_ERROR, {0}, 0};
+    reader = (waiter_t){z, AT_ERROR, {0}, 0, 0};
     writer.fd = request_stuck_in_reading(&reader, &th);
     pthread_create(&wth, NULL, release_fifo, &writer);
     r = at_zone_acquire_now(z, &t);
@@ -542,7 +544,7 @@ static void test_reading_in_flight_is_not_trusted(void **state)
     at_zone_release(z, &t);
     usleep(AT_MEM_READ_US + 20 * MS); /* that reading is stale now */
 
-    first = (waiter_t){z, AT_ERROR, {0}, 0};
+    first = (waiter_t){z, AT_ERROR, {0}, 0, 0};
     writer.fd = request_stuck_in_reading(&first, &th);
     meminfo(50 * MiB); /* replaces the FIFO the first reader holds */
     pthread_create(&wth, NULL, release_fifo, &writer); /* 10 GiB, begun first */
@@ -578,7 +580,7 @@ static void test_reading_outlived_by_lock_wait(void **state)
 
     z = zone_mem(2, 0, 100 * MiB, FOREVER);
     holder = fork_stopped_lock_holder(z);
-    late = (waiter_t){z, AT_ERROR, {0}, 0};
+    late = (waiter_t){z, AT_ERROR, {0}, 0, 0};
     writer.fd = request_stuck_in_reading(&late, &th);
     meminfo(50 * MiB); /* replaces the FIFO the request holds */
     release_fifo(&writer); /* its reading: 10 GiB */
@@ -721,6 +723,20 @@ static void join_all(waiter_t *w, pthread_t *th, int n)
     }
 }
 
+/* A hang guard, as let_in(): each thread has begun its request. */
+static void wait_started(waiter_t *w, int n)
+{
+    for (int i = 0, tries = 0; i < n && tries < 5000;) {
+        if (__atomic_load_n(&w[i].started, __ATOMIC_SEQ_CST)) {
+            i++;
+        }
+        else {
+            usleep(1000);
+            tries++;
+        }
+    }
+}
+
 static void release_admitted(waiter_t *w, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -730,25 +746,25 @@ static void release_admitted(waiter_t *w, int n)
     }
 }
 
-/* Many requests find the reading stale at once (under memory pressure,
- * when cgroup reads are slowest): one reads the files; the others wait for
- * its reading and are decided on it, never on the stale one. Here the one
- * reading is held in a FIFO while the others come, and shows memory given
- * back meanwhile: 10 GiB, where the stale reading said 50 MiB. */
-static void test_one_reading_for_many(void **state)
+/* One try of the test below; 0 when the machine was too slow for it to
+ * tell: a request done AT_MEM_READ_US or more after the reading began
+ * rightly took a reading of its own (the one had gone stale), or, past
+ * AT_MEM_TRUST_US, was refused on it ("never decided on a reading more
+ * than 0.5 s old"). *slowest_us: the latest request's time. */
+static int one_reading_for_many_try(apr_int64_t *slowest_us)
 {
     enum { N = 6 };
     fifo_server_t f;
     waiter_t w[N];
     pthread_t th[N];
-    apr_int64_t landed_us;
+    apr_int64_t claim_by, landed_us;
+    int could_tell;
     at_zone_t *z;
-    (void)state;
 
-    at_memgate_set_wait(5000 * MS); /* however slow the machine, the held reading is waited for */
     z = zone_with_stale_reading(N);
     fifo_serve(&f, 10240 * MiB, 1);
     memset(w, 0, sizeof(w));
+    claim_by = at_now_us(); /* the first reader claims after this */
     for (int i = 0; i < N; i++) {
         w[i].z = z;
         pthread_create(&th[i], NULL, request, &w[i]);
@@ -756,20 +772,53 @@ static void test_one_reading_for_many(void **state)
             usleep(1000); /* the first is inside its reading before the others come */
         }
     }
-    usleep(100 * MS);
+    wait_started(w, N);
+    usleep(20 * MS); /* the others are waiting for the reading by now */
     landed_us = at_now_us();
     __atomic_store_n(&f.hold, 0, __ATOMIC_SEQ_CST);
     join_all(w, th, N);
     fifo_stop(&f);
     release_admitted(w, N);
-    assert_int_equal(f.most_inside, 1); /* one reading of the files at a time */
-    assert_int_equal(f.served, 1);      /* and one in all */
+    *slowest_us = 0;
     for (int i = 0; i < N; i++) {
-        /* decided on the new reading, once it had landed */
-        assert_int_equal(w[i].result, AT_ADMITTED);
-        assert_true(w[i].done_us >= landed_us);
+        assert_true(w[i].done_us >= landed_us); /* none before the reading landed */
+        if (w[i].done_us - claim_by > *slowest_us) {
+            *slowest_us = w[i].done_us - claim_by;
+        }
+    }
+    could_tell = *slowest_us < AT_MEM_READ_US;
+    if (could_tell) {
+        assert_int_equal(f.most_inside, 1); /* one reading of the files at a time */
+        assert_int_equal(f.served, 1);      /* and one in all */
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(w[i].result, AT_ADMITTED); /* decided on the new reading */
+        }
     }
     zone_free(z);
+    return could_tell;
+}
+
+/* Many requests find the reading stale at once (under memory pressure,
+ * when cgroup reads are slowest): one reads the files; the others wait for
+ * its reading and are decided on it, never on the stale one. Here the one
+ * reading is held in a FIFO while the others come, and shows memory given
+ * back meanwhile: 10 GiB, where the stale reading said 50 MiB. A try the
+ * machine was too slow for is tried again. */
+static void test_one_reading_for_many(void **state)
+{
+    apr_int64_t slowest_us = 0;
+    int told = 0;
+    (void)state;
+
+    at_memgate_set_wait(5000 * MS); /* however slow the machine, the held reading is waited for */
+    for (int i = 0; i < 20 && !told; i++) {
+        told = one_reading_for_many_try(&slowest_us);
+    }
+    if (!told) {
+        print_message("20 tries too slow to tell: the last request came %lld ms after the "
+                      "reading began\n", (long long)(slowest_us / 1000));
+    }
+    assert_true(told);
 }
 
 /* A reader that dies inside its reading keeps the others waiting for the
