@@ -1,4 +1,4 @@
-#!/usr/bin/perl
+#!/usr/bin/perl -w
 # probe.cgi as an nph- script: httpd passes its output, status line and
 # all, straight to the client.
 use strict;

@@ -1,4 +1,4 @@
-#!/usr/bin/perl
+#!/usr/bin/perl -w
 # A CGI that witnesses the throttle from the inside: under an exclusive lock
 # it counts how many copies of itself run at once (per tag), remembers the
 # highest count, logs the order in which copies started and the pid of the
@@ -11,9 +11,11 @@
 # more than a pipe holds; run as nph-probe.cgi it answers with its own
 # status line, first.
 use strict;
-use warnings;
-use Fcntl qw(:flock O_RDWR O_CREAT);
-use Time::HiRes qw(sleep);
+# Loaded, not imported, and warnings by -w: Exporter's tags and warnings.pm
+# cost a quarter of a start's CPU, and the suite starts this thousands of
+# times.
+require Fcntl;
+require Time::HiRes;
 
 my %q = map { my ($k, $v) = split /=/, $_, 2; ($k => $v // '') }
         split /&/, $ENV{QUERY_STRING} // '';
@@ -25,8 +27,8 @@ my $release = $q{release} ? "$dir/$tag.release" : undef;
 
 sub with_count {
     my ($delta, $log) = @_;
-    sysopen(my $fh, "$dir/$tag.count", O_RDWR | O_CREAT) or die "$dir/$tag.count: $!";
-    flock($fh, LOCK_EX) or die "flock: $!";
+    sysopen(my $fh, "$dir/$tag.count", Fcntl::O_RDWR() | Fcntl::O_CREAT()) or die "$dir/$tag.count: $!";
+    flock($fh, Fcntl::LOCK_EX()) or die "flock: $!";
     my ($cur, $max) = split ' ', (<$fh> // '0 0');
     $cur = ($cur // 0) + $delta;
     $max = $cur if $cur > ($max // 0);
@@ -53,7 +55,7 @@ sub take_memory {
     my ($mib) = @_;
     my $file = $ENV{MEM_CURRENT} or die "MEM_CURRENT not set";
     open(my $lk, '>>', "$file.lock") or die "$file.lock: $!";
-    flock($lk, LOCK_EX) or die "flock: $!";
+    flock($lk, Fcntl::LOCK_EX()) or die "flock: $!";
     open(my $in, '<', $file) or die "$file: $!";
     my $cur = <$in> + $mib * 1048576;
     close $in;
@@ -78,10 +80,10 @@ if ($first) {
 take_memory($mem) if $mem;
 if ($release) {
     my $end = Time::HiRes::time() + $ms / 1000;
-    sleep 0.01 while !-e $release && Time::HiRes::time() < $end;
+    Time::HiRes::sleep(0.01) while !-e $release && Time::HiRes::time() < $end;
 }
 elsif ($ms) {
-    sleep($ms / 1000);
+    Time::HiRes::sleep($ms / 1000);
 }
 # The count ends before the last line: a client that has the whole answer
 # finds this copy no longer counted. It ends before the memory is given
