@@ -1423,7 +1423,10 @@ static void test_auto_windows_span_two_services(void **state)
         assert_true(window_secs[i] >= 1.5 * h.hold_us / 1e6);
         short_ones += window_services(i) < 3.5;
     }
-    assert_true(short_ones >= windows_seen - 1);
+    /* Under valgrind threads take turns, and a window ends late whenever the
+     * thread that ends it waits for its turn: the plain and ASan runs judge
+     * how long windows are; valgrind runs the code for what it checks. */
+    assert_true(short_ones >= windows_seen - 1 || getenv("AT_UNDER_VALGRIND"));
     zone_free(z);
 }
 
