@@ -671,7 +671,7 @@ static void test_more_servers_than_the_total_keep_the_cap(void **state)
 {
     sim_t *s = &fleet;
     apr_uint32_t i, round, sum;
-    /* under valgrind (make check-valgrind) a tenth of the churn, the same
+    /* Under valgrind (make check-valgrind) a tenth of the churn, the same
      * code on the same rows: 40 rounds cost 24 s of CPU there */
     const apr_uint32_t rounds = getenv("AT_UNDER_VALGRIND") ? 4 : 40;
     (void)state;
@@ -778,7 +778,7 @@ static apr_uint64_t random_fleet(unsigned seed, grant_fn grant, int check_fair)
 
 static void test_random_fleets_keep_the_cap(void **state)
 {
-    /* under valgrind a tenth of the fleets: 1,000 cost 12 s of CPU there */
+    /* Under valgrind a tenth of the fleets: 1,000 cost 12 s of CPU there */
     const unsigned seeds = getenv("AT_UNDER_VALGRIND") ? 100 : 1000;
     unsigned seed;
     (void)state;
