@@ -117,7 +117,7 @@ sub member_conf {
     $period //= '200ms';
     $timeout //= '50ms';
     # Timeout: a CGI that waits for its release (silent after its headers)
-    # must outlive any stall of a loaded machine, not end by mod_cgi's 60 s
+    # outlives a stall of minutes, not only mod_cgi's default 60 s
     return cgi_conf($probes) . <<"CONF";
 Timeout 600
 ThrottleCluster fleet redis://127.0.0.1:$rport/0 period=$period timeout=$timeout prefix=$prefix
@@ -462,9 +462,9 @@ sub leaves_of {
     return scalar(() = monitor_seen($m)
                   =~ /"HDEL" "[^"]*" "\Q$id\E"\r?\n[^\n]*"ZREM" "[^"]*" "\Q$id\E"/gi);
 }
-# A sync that fails starts a server's settling lease (10 periods) again, so
-# a loaded machine could hold the second back from raising: a timeout of
-# half the period, and the wait below for a lease without a failure.
+# After a failed sync a server settles again (a lease, 10 periods, from
+# its next good one) before it raises, so a loaded machine could hold the
+# second back: a timeout of half the period, and the wait below.
 my @pair = map {
     private_server(member_conf($total, "leave$rport", '1s', '500ms'), cgi_not_cgid => 1)
 } 1 .. 2;
@@ -485,11 +485,12 @@ ok t_cmp(leaves_of($mon, $id) . ' ' . redis_cmd('HEXISTS', $rows, $id) . ' '
          . scalar(grep { /:\Q$first->{pid}\E\z/ } @{ redis_cmd('HKEYS', $rows) }), '0 1 1',
          "a graceful restart then a restart: the row of $id stays, never taken out by a leave, "
          . 'the only one of its server (its retained state keeps the id)');
-# the second settled (a lease and a period of syncs, none failed): it may
-# raise at once
-wait_until(sub {
+# the second settled (a lease and a period since a good sync that no
+# failure followed): it raises at its next sync
+my $settled = wait_until(sub {
     my $f = zone_stat($second, 'cz', 'ClusterSyncFailures');
-    ($second_fails, $calm_since) = ($f, time) if $f != $second_fails;
+    ($second_fails, $calm_since) = ($f, time)
+        if $f != $second_fails || zone_stat($second, 'cz', 'ClusterSyncOk') != 1;
     return time - $calm_since >= 11;
 }, 60);
 my $until = redis_cmd('ZSCORE', "{leave$rport:cz}:leases", $id) // 0;
@@ -503,7 +504,8 @@ my $at = redis_ms();
 ok t_cmp($grew && $at < $until ? 1 : 0, 1, "and the second runs the whole total ($total) "
          . 'before the lease of the first could have ended (' . ($until - $at) . ' ms before; '
          . 'its failed syncs: ' . zone_stat($second, 'cz', 'ClusterSyncFailures')
-         . ", $second_fails when the first stopped)");
+         . ", $second_fails when the first stopped" . ($settled ? '' : ', unsettled for 60 s')
+         . ')');
 ok t_cmp($first->{log}->() . $second->{log}->(), qr/^(?!.*could not take its share out)/s,
          'no server says it could not take its share out of Redis');
 # A graceful stop (prefork ends it with a signal to its whole process group,
@@ -636,7 +638,8 @@ ok t_cmp(wait_until(sub { zone_stat($orph, 'cz', 'Limit') == 100 }, 20)
          'the total raised by a graceful restart, the zone laid anew: the first CGI '
          . "still runs (its child $a_child, of the old generation)");
 # the CGI's own pid, as it wrote it
-my ($a_cgi) = map { (split ' ')[1] } do { local @ARGV = ("$probes/orphan_a.order"); <> };
+my ($a_cgi) = -e "$probes/orphan_a.order"
+    ? map { (split ' ')[1] } do { local @ARGV = ("$probes/orphan_a.order"); <> } : ();
 $a_cgi //= 0;
 my $ob = orphan_cgi('orphan_b');
 my $osync = sync_process_of($orph);
@@ -654,16 +657,18 @@ my $now = redis_ms();
 ok t_cmp($said && $row =~ /^\d+ [1-9]\d*$/ && $lease > $now ? 1 : 0, 1,
          'the parent killed while CGIs run: the sync process says so, and a lease past '
          . "its first still holds the row ($row, lease " . ($lease - $now) . ' ms ahead)');
+# at once: a 503 after a wait in the queue (timeout=60s) is no close
 my $asked = time;
 my $refused = $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan_new');
-ok t_cmp($refused->{status}, 503, 'a new request to the orphaned children is refused (in '
-         . sprintf('%.1f s', time - $asked) . ')');
+my $took = time - $asked;
+ok t_cmp($refused->{status} . ($took < 5 ? ' at once' : sprintf(' after %.1f s', $took)),
+         '503 at once', 'a new request to the orphaned children is refused at once');
 probe_release('orphan_b', $probes);
 waitpid $ob, 0;
 sleep 2; # a lease: the row lapses unless held for the CGI still running
 ok t_cmp(redis_cmd('HEXISTS', $orows, $oid) . ' ' . ($osync && kill(0, $osync) ? 1 : 0), '1 1',
          'the second CGI ended, the first runs on: the row is still held (the first CGI '
-         . (kill(0, $a_cgi) ? 'runs' : 'ended') . ' after '
+         . ($a_cgi && kill(0, $a_cgi) ? 'runs' : 'ended') . ' after '
          . sprintf('%.1f s', time - $oa_since) . ', its child '
          . ($a_child && kill(0, $a_child) ? 'lives' : 'is gone') . ')');
 kill 'KILL', $a_child if $a_child;
