@@ -657,12 +657,19 @@ my $now = redis_ms();
 ok t_cmp($said && $row =~ /^\d+ [1-9]\d*$/ && $lease > $now ? 1 : 0, 1,
          'the parent killed while CGIs run: the sync process says so, and a lease past '
          . "its first still holds the row ($row, lease " . ($lease - $now) . ' ms ahead)');
-# at once: a 503 after a wait in the queue (timeout=60s) is no close
+# at once: a 503 after a wait in the queue (timeout=60s) is no close. The
+# zone as the children see it, and how long they take to answer at all,
+# tell a queue left open from a connection no child accepts.
 my $asked = time;
+my $closed = join ' ', map { zone_stat($orph, 'cz', $_) } qw(Limit QueueCapacity);
+my $status_took = time - $asked;
+$asked = time;
 my $refused = $orph->{get}->('/cgi-bin/probe.cgi?tag=orphan_new');
 my $took = time - $asked;
 ok t_cmp($refused->{status} . ($took < 5 ? ' at once' : sprintf(' after %.1f s', $took)),
-         '503 at once', 'a new request to the orphaned children is refused at once');
+         '503 at once', 'a new request to the orphaned children is refused at once (their '
+         . sprintf('limit and queue: %s, the status page answered in %.1f s)', $closed,
+                   $status_took));
 probe_release('orphan_b', $probes);
 waitpid $ob, 0;
 sleep 2; # a lease: the row lapses unless held for the CGI still running
