@@ -12,20 +12,22 @@ use ThrottleT;
 plan tests => 15, need_cgi;
 
 # GET $late while a request on $holder (tag $tag) holds the zone's only slot
-# for 3 s; returns its result once the holder is done.
+# until the late one is answered (30 s at most); returns its result.
 sub behind_holder {
     my ($holder, $tag, $late) = @_;
     probe_reset($tag);
-    my $hold = bg_get("${holder}probe.cgi?tag=$tag&sleep=3000&id=hold");
+    my $hold = bg_get("${holder}probe.cgi?tag=$tag&sleep=30000&release=1&id=hold");
     wait_until(sub { (probe_count($tag))[0] == 1 }) or die 'holder never started';
     my $r = http_get("${late}probe.cgi?tag=$tag&id=late");
+    probe_release($tag);
     bg_wait($hold);
     return $r;
 }
 
 # ---- order: priority first, then arrival ----
 probe_reset('prio');
-my $hold = bg_get('/prio/probe.cgi?tag=prio&sleep=4000&id=hold');
+# the holder holds until every waiter is queued, however slow the machine
+my $hold = bg_get('/prio/probe.cgi?tag=prio&sleep=60000&release=1&id=hold');
 wait_until(sub { (probe_count('prio'))[0] == 1 }) or die 'holder never started';
 my @waiters = (['lo1', '/prio-lo/'], ['w1', '/prio/'], ['hi1', '/prio-hi/'],
                ['w2', '/prio/'], ['vip', '/prio/', '&vip=1'], ['lo2', '/prio-lo/'],
@@ -38,6 +40,7 @@ for my $i (0 .. $#waiters) {
     wait_until(sub { (status_auto()->{'Throttle.prio.Queued'} // -1) == $i + 1 })
         or die "waiter $id never queued";
 }
+probe_release('prio');
 my @r = map { bg_wait($_) } $hold, @pids;
 ok t_cmp(scalar(grep { $_->{status} == 200 } @r), 8, 'all admitted');
 my $order = join ' ', map { $_->[0] } probe_order('prio');
