@@ -9,8 +9,8 @@ use ThrottleT;
 plan tests => 3, need_cgi;
 
 probe_reset('fifo');
-# Long enough for all 8 to queue, even while prefork spawns children.
-my $hold = bg_get('/fifo/probe.cgi?tag=fifo&sleep=4000&id=hold');
+# Held until all 8 are queued, however slow the machine (60 s at most).
+my $hold = bg_get('/fifo/probe.cgi?tag=fifo&sleep=60000&release=1&id=hold');
 wait_until(sub { (probe_count('fifo'))[0] == 1 }) or die 'holder never started';
 my @pids;
 for my $i (1 .. 8) {
@@ -19,6 +19,7 @@ for my $i (1 .. 8) {
     wait_until(sub { (status_auto()->{'Throttle.fifo.Queued'} // -1) == $i })
         or die "waiter $i never queued";
 }
+probe_release('fifo');
 my @r = map { bg_wait($_) } $hold, @pids;
 ok t_cmp(scalar(grep { $_->{status} == 200 } @r), 9, 'all admitted');
 my $order = join ' ', map { $_->[0] } probe_order('fifo');
