@@ -638,9 +638,7 @@ ok t_cmp(wait_until(sub { zone_stat($orph, 'cz', 'Limit') == 100 }, 20)
          'the total raised by a graceful restart, the zone laid anew: the first CGI '
          . "still runs (its child $a_child, of the old generation)");
 # the CGI's own pid, as it wrote it
-my ($a_cgi) = -e "$probes/orphan_a.order"
-    ? map { (split ' ')[1] } do { local @ARGV = ("$probes/orphan_a.order"); <> } : ();
-$a_cgi //= 0;
+my $a_cgi = (map { $_->[1] } probe_order('orphan_a', $probes))[0] // 0;
 my $ob = orphan_cgi('orphan_b');
 my $osync = sync_process_of($orph);
 # the children and theirs (the CGIs), to end them by pid afterwards

@@ -149,10 +149,11 @@ sub probe_count_in {
 
 sub probe_count { probe_count_in(probe_dir(), $_[0]) }
 
-# [id, cgi pid, httpd pid] per started CGI, in start order.
+# [id, cgi pid, httpd pid] per started CGI, in start order (in $dir, the
+# suite's probe directory by default).
 sub probe_order {
-    my ($tag) = @_;
-    open(my $fh, '<', probe_dir() . "/$tag.order") or return ();
+    my ($tag, $dir) = @_;
+    open(my $fh, '<', ($dir // probe_dir()) . "/$tag.order") or return ();
     return map { [split ' '] } <$fh>;
 }
 
