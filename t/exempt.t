@@ -35,11 +35,12 @@ ok t_cmp(bg_wait($hold)->{status}, 200, 'holder finished');
 SKIP: {
     skip 'mod_proxy_http not loaded', 3 unless need_module('proxy_http');
     probe_reset('p');
-    $hold = bg_get('/prox/probe.cgi?tag=p&sleep=1500&id=hold');
+    $hold = bg_get('/prox/probe.cgi?tag=p&sleep=60000&release=1&id=hold');
     wait_until(sub { (probe_count('p'))[0] == 1 }) or die 'proxied holder never started';
     $r = http_get('/prox/probe.cgi?tag=p2');
     ok t_cmp($r->{status}, 503, 'ProxyPass (proxy-server) falls under its zone');
     $r = http_get('/hprox/free/probe.cgi?tag=p2');
     ok t_cmp($r->{status}, 503, 'SetHandler proxy:http://... matches "proxy:*"');
+    probe_release('p');
     ok t_cmp(bg_wait($hold)->{status}, 200, 'proxied holder finished');
 }

@@ -19,13 +19,14 @@ sub graceful {
 }
 
 probe_reset('grace');
-# Long enough to outlast the restart, even on a busy machine.
-my $hold = bg_get('/grace/probe.cgi?tag=grace&sleep=8000&id=hold');
+# It runs across the restart, until the test releases it.
+my $hold = bg_get('/grace/probe.cgi?tag=grace&sleep=60000&release=1&id=hold');
 wait_until(sub { (probe_count('grace'))[0] == 1 }) or die 'holder never started';
 graceful();
 my $r = http_get('/grace/probe.cgi?tag=grace&id=after');
 ok t_cmp($r->{status}, 503, 'after graceful, the old generation still holds the slot');
 ok t_cmp(status_auto()->{'Throttle.grace.Active'}, 1, 'active count kept');
+probe_release('grace');
 ok t_cmp(bg_wait($hold)->{status}, 200, 'the request running across the restart finished');
 ok t_cmp(http_get('/grace/probe.cgi?tag=grace&id=later')->{status}, 200,
          'its slot came back to the new generation');

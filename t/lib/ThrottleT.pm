@@ -18,7 +18,7 @@ use Digest::MD5 ();
 use Apache::Test;
 use Apache::TestRequest;
 
-our @EXPORT = qw(http_get parallel_get bg_get bg_wait status_auto probe_count probe_count_in
+our @EXPORT = qw(http_get parallel_get bg_get bg_done bg_wait status_auto probe_count probe_count_in
                  probe_order probe_overlap_of probe_reset probe_release wait_until hostport server_pid
                  load_loop load_loop_ids restarts_seen private_server children_of
                  open_request server_process_of free_port cgi_conf agent_conf configtest
@@ -86,9 +86,18 @@ sub bg_get {
     return $pid;
 }
 
+# Whether the request of bg_get's $pid has its answer, without waiting.
+my %bg_reaped;
+sub bg_done {
+    my ($pid) = @_;
+    require POSIX;
+    $bg_reaped{$pid} = 1 if !$bg_reaped{$pid} && waitpid($pid, POSIX::WNOHANG()) == $pid;
+    return $bg_reaped{$pid} // 0;
+}
+
 sub bg_wait {
     my ($pid) = @_;
-    waitpid($pid, 0);
+    waitpid($pid, 0) unless delete $bg_reaped{$pid};
     my $f = "$bg_dir/$pid";
     return -f $f ? retrieve($f) : { status => 0, error => 'no result' };
 }
