@@ -21,7 +21,7 @@ wait_until(sub { (probe_count('perc'))[0] == 2 }) or die 'holders never started'
 
 ok t_cmp(status_auto()->{'Throttle.perc.Busiest'}, '127.0.0.1=2',
          'Busiest names the address and its 2 requests');
-my $r = http_get('/perc/probe.cgi?tag=perc&id=third', timeout => 5);
+my $r = http_get('/perc/probe.cgi?tag=perc&id=third', timeout => 15);
 ok t_cmp($r->{status}, 503, 'a third request from the same address is refused');
 # At once: the module's own measure of its time in the zone is far below
 # the zone's 20-s timeout.
@@ -32,8 +32,8 @@ ok t_cmp($r->{body}, qr/result=rejected-client/, 'THROTTLE_RESULT=rejected-clien
 ok t_cmp(($r->{headers}{'retry-after'} // '') =~ /^[1-9]\d*$/, 1, 'with Retry-After');
 
 # Headers a client controls, and the query string, change nothing.
-# (Taken for another client, it would wait behind the holders: 5 s at most.)
-$r = http_get('/perc/probe.cgi?tag=perc&id=spoof&client=10.1.1.1', timeout => 5,
+# (Taken for another client, it would wait behind the holders: 15 s at most.)
+$r = http_get('/perc/probe.cgi?tag=perc&id=spoof&client=10.1.1.1', timeout => 15,
               headers => { 'X-Forwarded-For' => '10.9.9.9', 'X-Real-IP' => '10.9.9.8',
                            'Forwarded' => 'for=10.9.9.7' });
 ok t_cmp("$r->{status} " . (($r->{body} =~ /result=([\w-]+)/)[0] // '-'), '503 rejected-client',

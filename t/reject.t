@@ -45,7 +45,7 @@ ok t_cmp(scalar(grep { $_->{body} =~ /custom 503 page: zone=small result=rejecte
 probe_reset('tmo');
 $hold = bg_get('/tmo/probe.cgi?tag=tmo&sleep=60000&release=1&id=hold');
 wait_until(sub { (probe_count('tmo'))[0] == 1 }) or die 'holder never started';
-my $t = http_get('/tmo/probe.cgi?tag=tmo&id=late', timeout => 5);
+my $t = http_get('/tmo/probe.cgi?tag=tmo&id=late', timeout => 15);
 probe_release('tmo');
 bg_wait($hold);
 ok t_cmp($t->{status}, 503, 'waiting past the timeout gives 503');

@@ -143,7 +143,7 @@ sub probe_reset {
 END {
     if (defined $reset_by && $$ == $reset_by) {
         local $?; # the test's exit status stays its own
-        eval { probe_release($_) for keys %reset_tags };
+        eval { probe_release($_) } for keys %reset_tags;
     }
 }
 
